@@ -1,0 +1,32 @@
+GO       ?= go
+PKGS     := ./...
+# Broker tests talk to the RabbitMQ that .ci/run (or you) started.
+export HANDOFF_RABBITMQ_URL ?= amqp://guest:guest@127.0.0.1:5672/
+
+.PHONY: build test test-short race lint fmt fuzz clean
+
+build:
+	$(GO) build -o bin/sidecar ./cmd/sidecar
+
+# The full suite, broker tests included, with the race detector.
+test:
+	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+
+# Unit tests only (no broker needed).
+test-short:
+	$(GO) test -short -count=1 $(PKGS)
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+# A short pass of every fuzz target.
+fuzz:
+	$(GO) test -run='^$$' -fuzz=FuzzParse -fuzztime=30s ./internal/config/
+	$(GO) test -run='^$$' -fuzz=FuzzParseTrail -fuzztime=30s ./internal/broker/
+
+clean:
+	rm -rf bin

@@ -1,0 +1,59 @@
+// Command sidecar is Handoff: it consumes from a broker on an app's behalf and
+// hands each message to the app's local HTTP endpoint.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+// exitConfig is the exit code for a configuration the sidecar refuses.
+const exitConfig = 2
+
+// exitError carries a specific exit code out of a command.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop() // a second signal takes the default action: exit now
+	}()
+	err := rootCmd().ExecuteContext(ctx)
+	stop()
+	if err == nil {
+		return
+	}
+	code := 1
+	var ee *exitError
+	if errors.As(err, &ee) {
+		code = ee.code
+	}
+	fmt.Fprintln(os.Stderr, "sidecar:", err)
+	os.Exit(code)
+}
+
+func rootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "sidecar",
+		Short:         "Handoff: reliable broker consumption for a local HTTP app",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().String("log-level", "info", "debug, info, warn or error")
+	root.PersistentFlags().String("log-format", "text", "text or json")
+	root.AddCommand(runCmd(), validateCmd())
+	return root
+}

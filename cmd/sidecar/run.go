@@ -1,0 +1,193 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"handoff.dev/handoff/internal/broker/rabbitmq"
+	"handoff.dev/handoff/internal/budget"
+	"handoff.dev/handoff/internal/config"
+	"handoff.dev/handoff/internal/dispatch"
+	"handoff.dev/handoff/internal/handler"
+	"handoff.dev/handoff/internal/telemetry"
+)
+
+func runCmd() *cobra.Command {
+	var path string
+	cmd := &cobra.Command{
+		Use:   "run --config FILE",
+		Short: "Consume every configured source and hand each message to the app",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := newLogger(cmd)
+			if err != nil {
+				return err
+			}
+			cfg, err := loadConfig(path)
+			if err != nil {
+				return err
+			}
+			return serve(cmd.Context(), cfg, log)
+		},
+	}
+	cmd.Flags().StringVarP(&path, "config", "c", "", "config file (required)")
+	_ = cmd.MarkFlagRequired("config")
+	return cmd
+}
+
+func newLogger(cmd *cobra.Command) (*slog.Logger, error) {
+	levelName, _ := cmd.Flags().GetString("log-level")
+	format, _ := cmd.Flags().GetString("log-format")
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(levelName)); err != nil {
+		return nil, &exitError{code: exitConfig, err: fmt.Errorf("--log-level: %w", err)}
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch strings.ToLower(format) {
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	}
+	return nil, &exitError{code: exitConfig, err: fmt.Errorf("--log-format: want text or json, got %q", format)}
+}
+
+// policyFrom builds the retry policy from config.
+func policyFrom(r config.Retry) *budget.Policy {
+	tiers := make([]time.Duration, len(r.Tiers))
+	for i, t := range r.Tiers {
+		tiers[i] = t.D()
+	}
+	return &budget.Policy{
+		MaxAttempts: r.MaxAttempts,
+		Base:        r.Base.D(),
+		Cap:         r.Cap.D(),
+		Tiers:       tiers,
+		Deadline:    r.Deadline.D(),
+		DeferMaxAge: r.DeferMaxAge.D(),
+		MinAttempt:  r.MinAttempt.D(),
+		Jitter:      rand.Float64,
+	}
+}
+
+// serve runs the sidecar until ctx is done, then shuts down in order: not
+// ready → stop intake → finish or hand back in-flight → close broker
+// connections → stop the health server.
+func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
+	policy := policyFrom(cfg.Retry)
+	classifier, err := handler.NewClassifier(cfg.Outcomes.HTTP)
+	if err != nil {
+		return &exitError{code: exitConfig, err: fmt.Errorf("outcomes.http: %w", err)}
+	}
+	app, err := handler.NewHTTP(handler.HTTPOptions{
+		URL:            cfg.Handler.URL,
+		MaxConcurrency: cfg.Handler.MaxConcurrency,
+		Classifier:     classifier,
+	})
+	if err != nil {
+		return err
+	}
+	defer app.Close()
+
+	var (
+		clients []*rabbitmq.Client
+		routes  []dispatch.Route
+		checks  []telemetry.Check
+	)
+	prefetchTotal := 0
+	for _, s := range cfg.Sources {
+		r := s.RabbitMQ
+		if r == nil {
+			return &exitError{code: exitConfig, err: fmt.Errorf("source %q: only rabbitmq sources are supported", s.Name)}
+		}
+		c := rabbitmq.NewClient(rabbitmq.Options{
+			Name:     s.Name,
+			URL:      r.URL,
+			Queue:    r.Queue,
+			Prefetch: r.Prefetch,
+			Tiers:    policy.Tiers,
+			Declare:  *r.Declare,
+			Logger:   log,
+		})
+		clients = append(clients, c)
+		routes = append(routes, dispatch.Route{
+			Name:     s.Name,
+			Fresh:    c.Source(),
+			Retry:    c.RetrySource(),
+			Transfer: c,
+			CESource: "/rabbitmq/" + r.Queue,
+		})
+		checks = append(checks, telemetry.Check{Name: "source " + s.Name, Ready: func() error {
+			if !c.Connected() {
+				return errors.New("broker not connected")
+			}
+			return nil
+		}})
+		prefetchTotal += r.Prefetch
+	}
+	if prefetchTotal < cfg.Handler.MaxConcurrency {
+		log.Warn("the sources' prefetch adds up to less than handler.max_concurrency; concurrency is capped by prefetch",
+			"prefetch_total", prefetchTotal, "max_concurrency", cfg.Handler.MaxConcurrency)
+	}
+
+	engine := dispatch.New(dispatch.Options{
+		Routes:         routes,
+		Handler:        app,
+		Policy:         policy,
+		Timeout:        cfg.Handler.Timeout.D(),
+		MaxConcurrency: cfg.Handler.MaxConcurrency,
+		DrainTimeout:   cfg.Shutdown.DrainTimeout.D(),
+		Logger:         log,
+	})
+	checks = append(checks, telemetry.Check{Name: "app", Ready: engine.Ready})
+
+	// Broker connections outlive intake: the drain settles through them.
+	brokers, stopBrokers := context.WithCancel(context.Background())
+	defer stopBrokers()
+	var wg sync.WaitGroup
+	for _, c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = c.Run(brokers)
+		}()
+	}
+
+	servers, stopServers := context.WithCancel(context.Background())
+	defer stopServers()
+	var serverErr error
+	if cfg.Telemetry.MetricsListen != "" {
+		hs, err := telemetry.Listen(cfg.Telemetry.MetricsListen, checks, log)
+		if err != nil {
+			stopBrokers()
+			wg.Wait()
+			return err
+		}
+		log.Info("health endpoints listening", "addr", hs.Addr())
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			serverErr = hs.Run(servers)
+		}()
+	}
+
+	log.Info("sidecar running", "sources", len(routes), "handler", cfg.Handler.URL)
+	err = engine.Run(ctx)
+	log.Info("intake stopped and in-flight settled; closing")
+	stopBrokers()
+	stopServers()
+	wg.Wait()
+	if err == nil {
+		err = serverErr
+	}
+	return err
+}

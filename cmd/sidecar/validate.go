@@ -1,0 +1,47 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"handoff.dev/handoff/internal/config"
+)
+
+func validateCmd() *cobra.Command {
+	var path string
+	cmd := &cobra.Command{
+		Use:   "validate --config FILE",
+		Short: "Check a config file and print every problem with its YAML path",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if _, err := loadConfig(path); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: ok\n", path)
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&path, "config", "c", "", "config file (required)")
+	_ = cmd.MarkFlagRequired("config")
+	return cmd
+}
+
+// loadConfig loads path; a file with problems is an exit-2 error listing
+// each with its YAML path.
+func loadConfig(path string) (config.Config, error) {
+	cfg, err := config.Load(path)
+	if err == nil {
+		return cfg, nil
+	}
+	var ps config.Problems
+	if errors.As(err, &ps) {
+		msg := fmt.Sprintf("%s: %d problem(s):", path, len(ps))
+		for _, p := range ps {
+			msg += "\n  " + p.String()
+		}
+		return cfg, &exitError{code: exitConfig, err: errors.New(msg)}
+	}
+	return cfg, &exitError{code: exitConfig, err: err}
+}

@@ -1,0 +1,75 @@
+package broker
+
+import (
+	"strings"
+	"time"
+)
+
+// Headers is the string view of a message's application headers. Adapters
+// convert their native header values to strings for it; the native form is
+// kept in Message.Native so copies can carry the originals unchanged.
+type Headers map[string]string
+
+// Message is one consumed message, as the engine and the app see it.
+type Message struct {
+	Body        []byte
+	ContentType string
+	// MessageID is the broker's message id property (AMQP message_id), if any.
+	MessageID string
+	// Type is the broker's type property (AMQP type), if any.
+	Type string
+	// Key is the partitioning key (Kafka), if any.
+	Key []byte
+	// Headers as received, handoff-* included.
+	Headers Headers
+	// Position is the message's stable place in its log ("kafka:orders/3/1207"),
+	// empty where the broker has none (RabbitMQ).
+	Position string
+	// Origin says where the message was first consumed, for example
+	// "rabbitmq:orders" or "kafka:orders/3/1207".
+	Origin string
+	// Redelivered is the broker's own flag: this delivery was handed out
+	// before and not settled.
+	Redelivered bool
+	// Native is the adapter's own representation of the message. The engine
+	// never looks inside; the adapter that produced it uses it to build copies
+	// with the original headers and properties intact.
+	Native any
+}
+
+// Delivery is a message with the handle that settles it. Exactly one of Ack or
+// Release should be called; both are safe for concurrent use with other
+// deliveries.
+type Delivery interface {
+	Message() *Message
+	// Ack settles the message: the broker forgets it. It fails when the
+	// delivery's channel or session is gone, in which case the broker has
+	// already taken the message back for redelivery.
+	Ack() error
+	// Release hands the message back unsettled, for redelivery.
+	Release() error
+	// Lost is closed once the delivery can no longer be settled because its
+	// channel or session ended; the broker redelivers it.
+	Lost() <-chan struct{}
+}
+
+// Destination names where a copy goes.
+type Destination struct {
+	// DeadLetter selects the dead-letter destination; otherwise the copy goes
+	// to the retry tier Tier.
+	DeadLetter bool
+	Tier       time.Duration
+}
+
+func (d Destination) String() string {
+	if d.DeadLetter {
+		return "dlq"
+	}
+	return "retry." + TierName(d.Tier)
+}
+
+// IsOwned reports whether a header name belongs to the sidecar (handoff-*).
+// Owned headers are stripped from a message on its first entry.
+func IsOwned(name string) bool {
+	return len(name) >= len(headerPrefix) && strings.EqualFold(name[:len(headerPrefix)], headerPrefix)
+}

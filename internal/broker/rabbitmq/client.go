@@ -1,0 +1,246 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"handoff.dev/handoff/internal/broker"
+)
+
+// Options configures a Client.
+type Options struct {
+	// Name identifies the source in logs and in the connection name.
+	Name string
+	URL  string
+	// Queue is the source queue; the derived queues are named after it.
+	Queue string
+	// Prefetch bounds unacked deliveries per consumer.
+	Prefetch int
+	Tiers    []time.Duration
+	Declare  bool
+	Logger   *slog.Logger
+	// MinBackoff and MaxBackoff bound the redial delay; zero means 100ms and 10s.
+	MinBackoff, MaxBackoff time.Duration
+}
+
+// ErrNotConnected is returned by Transfer when there is no live connection.
+var ErrNotConnected = errors.New("rabbitmq: not connected")
+
+// Client owns one connection to RabbitMQ for one source queue and keeps it
+// alive. The Sources and the Publisher it hands out use whichever connection
+// is current. All methods are safe for concurrent use.
+type Client struct {
+	opts Options
+	topo Topology
+	log  *slog.Logger
+
+	mu      sync.Mutex
+	sess    *session
+	changed chan struct{} // closed and replaced whenever sess changes
+
+	wg sync.WaitGroup // consumer-channel watchers
+}
+
+// NewClient returns a client; Run connects it.
+func NewClient(o Options) *Client {
+	if o.MinBackoff <= 0 {
+		o.MinBackoff = 100 * time.Millisecond
+	}
+	if o.MaxBackoff <= 0 {
+		o.MaxBackoff = 10 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return &Client{
+		opts:    o,
+		topo:    Topology{Queue: o.Queue, Tiers: o.Tiers, Declare: o.Declare},
+		log:     o.Logger.With("source", o.Name, "queue", o.Queue),
+		changed: make(chan struct{}),
+	}
+}
+
+// Run connects, declares the topology, and reconnects with backoff whenever
+// the connection or one of its channels is lost, until ctx is done. It then
+// closes the connection, which hands every unacked delivery back to the
+// broker, and returns nil. Cancel ctx only after in-flight deliveries are
+// settled.
+func (c *Client) Run(ctx context.Context) error {
+	backoff := c.opts.MinBackoff
+	for {
+		s, err := c.connect()
+		if err != nil {
+			c.log.Warn("rabbitmq connect failed", "err", err, "retry_in", backoff)
+			select {
+			case <-ctx.Done():
+				c.wg.Wait()
+				return nil
+			case <-time.After(backoff):
+			}
+			backoff = min(backoff*2, c.opts.MaxBackoff)
+			continue
+		}
+		backoff = c.opts.MinBackoff
+		c.setSession(s)
+		c.log.Info("rabbitmq connected")
+		select {
+		case <-ctx.Done():
+			c.setSession(nil)
+			s.close()
+			c.wg.Wait()
+			return nil
+		case <-s.done:
+			c.setSession(nil)
+			s.close()
+			c.log.Warn("rabbitmq connection lost; unacked deliveries go back to the broker", "err", s.err())
+		}
+	}
+}
+
+// Connected reports whether a connection is up.
+func (c *Client) Connected() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sess != nil && !c.sess.isDone()
+}
+
+func (c *Client) setSession(s *session) {
+	c.mu.Lock()
+	c.sess = s
+	close(c.changed)
+	c.changed = make(chan struct{})
+	c.mu.Unlock()
+}
+
+// current returns the live session, or nil.
+func (c *Client) current() *session {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sess == nil || c.sess.isDone() {
+		return nil
+	}
+	return c.sess
+}
+
+// await returns the live session, waiting for one until ctx is done.
+func (c *Client) await(ctx context.Context) (*session, error) {
+	for {
+		c.mu.Lock()
+		s, changed := c.sess, c.changed
+		c.mu.Unlock()
+		if s != nil && !s.isDone() {
+			return s, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-changed:
+		}
+	}
+}
+
+func (c *Client) connect() (*session, error) {
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName("handoff " + c.opts.Name)
+	conn, err := amqp.DialConfig(c.opts.URL, amqp.Config{
+		Heartbeat:  10 * time.Second,
+		Properties: props,
+		Dial:       amqp.DefaultDial(5 * time.Second),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dial: %w", err)
+	}
+	if err := c.topo.declare(conn); err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("topology: %w", err)
+	}
+	s := &session{conn: conn, done: make(chan struct{})}
+	pub, err := newPublisher(conn, s.fail)
+	if err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("publisher channel: %w", err)
+	}
+	s.pub = pub
+	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		select {
+		case err := <-closed:
+			s.fail(connErr(err))
+		case <-s.done:
+		}
+	}()
+	return s, nil
+}
+
+// Transfer publishes a copy of msg to dest with the given handoff-* headers
+// and returns once the broker has confirmed it. An unroutable copy (its queue
+// is gone) is an error, never a success.
+func (c *Client) Transfer(ctx context.Context, dest broker.Destination, msg *broker.Message, trail broker.Headers) error {
+	s := c.current()
+	if s == nil {
+		return ErrNotConnected
+	}
+	queue := DeadLetterQueue(c.opts.Queue)
+	if !dest.DeadLetter {
+		queue = TierQueue(c.opts.Queue, dest.Tier)
+	}
+	return s.pub.publish(ctx, queue, copyOf(msg, trail))
+}
+
+// session is one connection and its publisher channel.
+type session struct {
+	conn *amqp.Connection
+	pub  *publisher
+	done chan struct{}
+
+	once    sync.Once
+	mu      sync.Mutex
+	lastErr error
+}
+
+// fail ends the session: any lost channel means the whole connection is
+// rebuilt, so every consumer and the publisher start again together.
+func (s *session) fail(err error) {
+	s.once.Do(func() {
+		s.mu.Lock()
+		s.lastErr = err
+		s.mu.Unlock()
+		close(s.done)
+	})
+}
+
+func (s *session) err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastErr
+}
+
+func (s *session) isDone() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (s *session) close() {
+	s.fail(errors.New("closed"))
+	_ = s.conn.Close()
+	s.pub.wait()
+}
+
+func connErr(err *amqp.Error) error {
+	if err == nil {
+		return errors.New("connection closed")
+	}
+	return err
+}

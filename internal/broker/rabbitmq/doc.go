@@ -1,0 +1,27 @@
+// Package rabbitmq is the RabbitMQ adapter: it consumes a source queue and its
+// retry work queue with manual acks, publishes retry and dead-letter copies
+// with publisher confirms, declares the derived topology, and reconnects.
+//
+// For a source queue Q the topology is:
+//
+//	Q                 the source, used as it is (checked passively, never redeclared)
+//	Q.retry.<tier>    one quorum queue per delay tier, with a per-queue x-message-ttl,
+//	                  dead-lettering (at-least-once) into Q.retry
+//	Q.retry           the retry work queue, consumed like Q
+//	Q.dlq             the dead-letter queue (quorum)
+//
+// Copies are published to the default exchange with mandatory set. A publish
+// counts as transferred only when the broker acks it and did not return it.
+//
+// # Caveats
+//
+// amqp091-go does not recover connections by itself here: Client.Run redials
+// with backoff after any connection or channel loss and redeclares the
+// topology. A delivery belongs to its channel; once that channel is gone the
+// broker has requeued the delivery, its Ack fails and its Lost channel is
+// closed.
+//
+// Per-message TTL (the expiration property) only expires messages at the head
+// of a queue, which is why each delay has its own queue; copies never carry the
+// original's expiration.
+package rabbitmq

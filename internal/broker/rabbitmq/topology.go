@@ -1,0 +1,104 @@
+package rabbitmq
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"handoff.dev/handoff/internal/broker"
+)
+
+// RetryQueue is the work queue that delay tiers dead-letter into.
+func RetryQueue(q string) string { return q + ".retry" }
+
+// TierQueue is the delay queue of one tier.
+func TierQueue(q string, tier time.Duration) string { return q + ".retry." + broker.TierName(tier) }
+
+// DeadLetterQueue is the dead-letter queue of q.
+func DeadLetterQueue(q string) string { return q + ".dlq" }
+
+// Topology is the set of queues derived from one source queue.
+type Topology struct {
+	Queue string
+	Tiers []time.Duration
+	// Declare creates what is missing; without it every queue must exist.
+	Declare bool
+}
+
+func (t Topology) queues() []queueSpec {
+	quorum := amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum}
+	specs := []queueSpec{
+		{name: RetryQueue(t.Queue), args: quorum},
+		{name: DeadLetterQueue(t.Queue), args: quorum},
+	}
+	for _, tier := range t.Tiers {
+		specs = append(specs, queueSpec{name: TierQueue(t.Queue, tier), args: amqp.Table{
+			amqp.QueueTypeArg: amqp.QueueTypeQuorum,
+			// One TTL per queue keeps expiry FIFO: per-message TTLs only
+			// expire at the head of a queue.
+			amqp.QueueMessageTTLArg:     tier.Milliseconds(),
+			"x-dead-letter-exchange":    "",
+			"x-dead-letter-routing-key": RetryQueue(t.Queue),
+			"x-dead-letter-strategy":    "at-least-once",
+			amqp.QueueOverflowArg:       amqp.QueueOverflowRejectPublish,
+		}})
+	}
+	return specs
+}
+
+type queueSpec struct {
+	name string
+	args amqp.Table
+}
+
+// declare checks the source queue and declares (or checks) the derived ones.
+// A failed declaration closes the channel, so each step opens its own.
+func (t Topology) declare(conn *amqp.Connection) error {
+	if err := onChannel(conn, func(ch *amqp.Channel) error {
+		_, err := ch.QueueDeclarePassive(t.Queue, true, false, false, false, nil)
+		return err
+	}); err != nil {
+		return fmt.Errorf("source queue %q: %w", t.Queue, explain(err))
+	}
+	for _, q := range t.queues() {
+		err := onChannel(conn, func(ch *amqp.Channel) error {
+			if t.Declare {
+				_, err := ch.QueueDeclare(q.name, true, false, false, false, q.args)
+				return err
+			}
+			_, err := ch.QueueDeclarePassive(q.name, true, false, false, false, nil)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("queue %q: %w", q.name, explain(err))
+		}
+	}
+	return nil
+}
+
+func onChannel(conn *amqp.Connection, f func(*amqp.Channel) error) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	if err := f(ch); err != nil {
+		return err // the broker closed the channel
+	}
+	return ch.Close()
+}
+
+// explain turns the broker's reply codes for declarations into advice.
+func explain(err error) error {
+	var ae *amqp.Error
+	if errors.As(err, &ae) {
+		switch ae.Code {
+		case amqp.NotFound:
+			return fmt.Errorf("does not exist (%w)", err)
+		case amqp.PreconditionFailed:
+			return fmt.Errorf("exists with other arguments; delete it or fix the configuration (%w)", err)
+		}
+	}
+	return err
+}

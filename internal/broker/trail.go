@@ -1,0 +1,159 @@
+package broker
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+)
+
+const headerPrefix = "handoff-"
+
+// The handoff-* headers a copy carries across hops (DESIGN §3).
+const (
+	HeaderEventID        = "handoff-event-id"
+	HeaderAttempt        = "handoff-attempt"
+	HeaderDefers         = "handoff-defers"
+	HeaderFirstAttemptAt = "handoff-first-attempt-at"
+	HeaderFirstFailureAt = "handoff-first-failure-at"
+	HeaderNextDue        = "handoff-next-due"
+	HeaderDeadline       = "handoff-deadline"
+	HeaderErrorClass     = "handoff-error-class"
+	HeaderError          = "handoff-error"
+	HeaderOrigin         = "handoff-origin"
+	HeaderDeadReason     = "handoff-dead-reason"
+	HeaderReplayID       = "handoff-replay-id"
+)
+
+// TimeLayout is how times are written in handoff-* headers: RFC 3339 in UTC
+// with milliseconds, readable by people and by every language.
+const TimeLayout = "2006-01-02T15:04:05.000Z07:00"
+
+// MaxErrorLen bounds the handoff-error header.
+const MaxErrorLen = 512
+
+// Trail is a message's history so far, carried in handoff-* headers from hop
+// to hop so that moving between queues never resets its age or attempts.
+type Trail struct {
+	EventID string
+	// Attempt is the number of attempts made so far (the one that just
+	// failed, on a copy).
+	Attempt int
+	// Defers counts attempts answered with Defer; they do not count against
+	// max attempts.
+	Defers         int
+	FirstAttemptAt time.Time
+	FirstFailureAt time.Time
+	NextDue        time.Time
+	Deadline       time.Time
+	ErrorClass     string
+	Error          string
+	Origin         string
+	DeadReason     string
+	ReplayID       string
+}
+
+// Headers returns t as handoff-* headers. Zero fields are left out.
+func (t *Trail) Headers() Headers {
+	h := Headers{
+		HeaderEventID: t.EventID,
+		HeaderAttempt: strconv.Itoa(t.Attempt),
+	}
+	set := func(k, v string) {
+		if v != "" {
+			h[k] = v
+		}
+	}
+	setTime := func(k string, v time.Time) {
+		if !v.IsZero() {
+			h[k] = v.UTC().Format(TimeLayout)
+		}
+	}
+	if t.Defers > 0 {
+		h[HeaderDefers] = strconv.Itoa(t.Defers)
+	}
+	setTime(HeaderFirstAttemptAt, t.FirstAttemptAt)
+	setTime(HeaderFirstFailureAt, t.FirstFailureAt)
+	setTime(HeaderNextDue, t.NextDue)
+	setTime(HeaderDeadline, t.Deadline)
+	set(HeaderErrorClass, t.ErrorClass)
+	set(HeaderError, truncate(t.Error, MaxErrorLen))
+	set(HeaderOrigin, t.Origin)
+	set(HeaderDeadReason, t.DeadReason)
+	set(HeaderReplayID, t.ReplayID)
+	return h
+}
+
+// ParseTrail reads the trail of a copy the sidecar wrote. It fails when a
+// header the sidecar always writes is missing or unreadable: such a copy is
+// dead-lettered as malformed, never guessed at.
+func ParseTrail(h Headers) (Trail, error) {
+	var t Trail
+	var err error
+	t.EventID = h[HeaderEventID]
+	if t.EventID == "" {
+		return t, fmt.Errorf("%s missing", HeaderEventID)
+	}
+	if t.Attempt, err = atoi(h, HeaderAttempt, true); err != nil {
+		return t, err
+	}
+	if t.Defers, err = atoi(h, HeaderDefers, false); err != nil {
+		return t, err
+	}
+	if t.Defers > t.Attempt {
+		return t, fmt.Errorf("%s %d exceeds %s %d", HeaderDefers, t.Defers, HeaderAttempt, t.Attempt)
+	}
+	for _, f := range []struct {
+		key      string
+		dst      *time.Time
+		required bool
+	}{
+		{HeaderFirstAttemptAt, &t.FirstAttemptAt, true},
+		{HeaderFirstFailureAt, &t.FirstFailureAt, false},
+		{HeaderNextDue, &t.NextDue, false},
+		{HeaderDeadline, &t.Deadline, true},
+	} {
+		v, ok := h[f.key]
+		if !ok {
+			if f.required {
+				return t, fmt.Errorf("%s missing", f.key)
+			}
+			continue
+		}
+		if *f.dst, err = time.Parse(time.RFC3339Nano, v); err != nil {
+			return t, fmt.Errorf("%s: %q is not an RFC 3339 time", f.key, v)
+		}
+	}
+	t.ErrorClass = h[HeaderErrorClass]
+	t.Error = h[HeaderError]
+	t.Origin = h[HeaderOrigin]
+	t.DeadReason = h[HeaderDeadReason]
+	t.ReplayID = h[HeaderReplayID]
+	return t, nil
+}
+
+func atoi(h Headers, key string, required bool) (int, error) {
+	v, ok := h[key]
+	if !ok {
+		if required {
+			return 0, fmt.Errorf("%s missing", key)
+		}
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%s: %q is not a count", key, v)
+	}
+	return n, nil
+}
+
+// truncate cuts s to at most n bytes without splitting a UTF-8 sequence.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	i := n
+	for i > 0 && s[i]&0xC0 == 0x80 {
+		i--
+	}
+	return s[:i]
+}

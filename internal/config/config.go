@@ -1,0 +1,130 @@
+package config
+
+import "time"
+
+// Config is the whole sidecar configuration file.
+type Config struct {
+	Handler   Handler   `yaml:"handler"`
+	Sources   []Source  `yaml:"sources"`
+	Retry     Retry     `yaml:"retry"`
+	Outcomes  Outcomes  `yaml:"outcomes"`
+	Journal   Journal   `yaml:"journal"`
+	Admin     Admin     `yaml:"admin"`
+	Telemetry Telemetry `yaml:"telemetry"`
+	Shutdown  Shutdown  `yaml:"shutdown"`
+}
+
+// Handler is the app's endpoint.
+type Handler struct {
+	// URL receives each message: http:// or https://.
+	URL string `yaml:"url"`
+	// Timeout bounds one attempt; the deadline may shorten it.
+	Timeout Duration `yaml:"timeout"`
+	// MaxConcurrency bounds in-flight calls to the app, shared by all sources.
+	MaxConcurrency int `yaml:"max_concurrency"`
+}
+
+// Source is one broker input. Exactly one broker block is set.
+type Source struct {
+	Name     string    `yaml:"name"`
+	RabbitMQ *RabbitMQ `yaml:"rabbitmq"`
+	Kafka    *Kafka    `yaml:"kafka"`
+}
+
+// RabbitMQ is a queue consumed with manual acks.
+type RabbitMQ struct {
+	URL   string `yaml:"url"`
+	Queue string `yaml:"queue"`
+	// Prefetch bounds unacked deliveries per consumer (the source queue and
+	// its retry queue each have one). Zero means handler.max_concurrency.
+	Prefetch int `yaml:"prefetch"`
+	// Declare creates the retry tiers, retry queue and dead-letter queue when
+	// missing. With false they must already exist.
+	Declare *bool `yaml:"declare"`
+}
+
+// Kafka is a topic consumed by a consumer group. It is part of the schema so
+// that a file naming it gets a precise answer; this build cannot run it yet.
+type Kafka struct {
+	Brokers []string `yaml:"brokers"`
+	Topic   string   `yaml:"topic"`
+	Group   string   `yaml:"group"`
+}
+
+// Retry bounds how often and how long a message is tried.
+type Retry struct {
+	MaxAttempts int        `yaml:"max_attempts"`
+	Base        Duration   `yaml:"base"`
+	Cap         Duration   `yaml:"cap"`
+	Tiers       []Duration `yaml:"tiers"`
+	Deadline    Duration   `yaml:"deadline"`
+	DeferMaxAge Duration   `yaml:"defer_max_age"`
+	// MinAttempt is the least time left before the deadline that still
+	// makes an attempt worth starting.
+	MinAttempt Duration `yaml:"min_attempt"`
+}
+
+// Outcomes overrides the default classification of answers.
+type Outcomes struct {
+	// HTTP maps a status ("404") or a class ("5xx") to an outcome name.
+	HTTP map[string]string `yaml:"http"`
+}
+
+// Journal is the hand-off journal file.
+type Journal struct {
+	Path string `yaml:"path"`
+}
+
+// Admin is the admin API listener.
+type Admin struct {
+	Listen string `yaml:"listen"`
+}
+
+// Telemetry is the metrics and health listener.
+type Telemetry struct {
+	// MetricsListen serves /healthz and /readyz. Empty disables it.
+	MetricsListen string `yaml:"metrics_listen"`
+}
+
+// Shutdown bounds the drain on SIGTERM.
+type Shutdown struct {
+	DrainTimeout Duration `yaml:"drain_timeout"`
+}
+
+// Default returns a Config holding every default; Load decodes a file over it.
+func Default() Config {
+	return Config{
+		Handler: Handler{Timeout: Duration(5 * time.Second), MaxConcurrency: 64},
+		Retry: Retry{
+			MaxAttempts: 4,
+			Base:        Duration(100 * time.Millisecond),
+			Cap:         Duration(2 * time.Second),
+			Tiers: []Duration{
+				Duration(time.Second), Duration(10 * time.Second),
+				Duration(time.Minute), Duration(10 * time.Minute),
+			},
+			Deadline:    Duration(time.Hour),
+			DeferMaxAge: Duration(24 * time.Hour),
+			MinAttempt:  Duration(100 * time.Millisecond),
+		},
+		Journal:   Journal{Path: "./handoff.db"},
+		Admin:     Admin{Listen: "127.0.0.1:9400"},
+		Telemetry: Telemetry{MetricsListen: "127.0.0.1:9464"},
+		Shutdown:  Shutdown{DrainTimeout: Duration(30 * time.Second)},
+	}
+}
+
+// applySourceDefaults fills per-source defaults that depend on other keys.
+func (c *Config) applySourceDefaults() {
+	for i := range c.Sources {
+		if r := c.Sources[i].RabbitMQ; r != nil {
+			if r.Prefetch == 0 {
+				r.Prefetch = c.Handler.MaxConcurrency
+			}
+			if r.Declare == nil {
+				t := true
+				r.Declare = &t
+			}
+		}
+	}
+}

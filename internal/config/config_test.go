@@ -1,0 +1,184 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+const validYAML = `
+handler:
+  url: http://127.0.0.1:8080/events
+  timeout: 5s
+  max_concurrency: 64
+sources:
+  - name: orders
+    rabbitmq:
+      url: amqp://guest:guest@127.0.0.1:5672/
+      queue: orders
+      prefetch: 100
+retry:
+  max_attempts: 4
+  base: 100ms
+  cap: 2s
+  tiers: [1s, 10s, 1m, 10m]
+  deadline: 1h
+  defer_max_age: 24h
+outcomes:
+  http: {"404": permanent}
+journal:   {path: ./handoff.db}
+admin:     {listen: 127.0.0.1:9400}
+telemetry: {metrics_listen: 127.0.0.1:9464}
+shutdown:  {drain_timeout: 30s}
+`
+
+func TestParseValid(t *testing.T) {
+	cfg, err := Parse([]byte(validYAML))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	if got := cfg.Sources[0].RabbitMQ.Prefetch; got != 100 {
+		t.Errorf("prefetch = %d, want 100", got)
+	}
+	if got := cfg.Retry.Tiers; len(got) != 4 || got[2].D() != time.Minute {
+		t.Errorf("tiers = %v, want [1s 10s 1m 10m]", got)
+	}
+	if !*cfg.Sources[0].RabbitMQ.Declare {
+		t.Error("declare should default to true")
+	}
+	if cfg.Outcomes.HTTP["404"] != "permanent" {
+		t.Errorf("outcomes.http = %v", cfg.Outcomes.HTTP)
+	}
+}
+
+func TestParseDefaults(t *testing.T) {
+	cfg, err := Parse([]byte(`
+handler: {url: "http://127.0.0.1:8080/events", max_concurrency: 8}
+sources: [{name: a, rabbitmq: {url: "amqp://localhost/", queue: a}}]
+retry: {tiers: [2s]}
+`))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	if cfg.Handler.Timeout.D() != 5*time.Second || cfg.Retry.MaxAttempts != 4 || cfg.Shutdown.DrainTimeout.D() != 30*time.Second {
+		t.Errorf("defaults not applied: %+v", cfg)
+	}
+	if got := cfg.Sources[0].RabbitMQ.Prefetch; got != 8 {
+		t.Errorf("prefetch default = %d, want handler.max_concurrency (8)", got)
+	}
+	if len(cfg.Retry.Tiers) != 1 || cfg.Retry.Tiers[0].D() != 2*time.Second {
+		t.Errorf("tiers given in the file must replace the default list, got %v", cfg.Retry.Tiers)
+	}
+}
+
+// replace returns validYAML with old replaced by new, failing if old is absent.
+func replace(t *testing.T, old, new string) string {
+	t.Helper()
+	if !strings.Contains(validYAML, old) {
+		t.Fatalf("fixture does not contain %q", old)
+	}
+	return strings.Replace(validYAML, old, new, 1)
+}
+
+func TestParseProblems(t *testing.T) {
+	tests := []struct {
+		name string
+		yaml string
+		want []string // each must appear as a problem line prefix "path: ..."
+	}{
+		{"missing handler url", replace(t, "  url: http://127.0.0.1:8080/events\n", ""), []string{"handler.url: required"}},
+		{"bad url scheme", replace(t, "http://127.0.0.1:8080/events", "ftp://127.0.0.1/x"), []string{"handler.url: scheme \"ftp\""}},
+		{"grpc not yet", replace(t, "http://127.0.0.1:8080/events", "grpc://127.0.0.1:9000"), []string{"handler.url: grpc://"}},
+		{"no sources", replace(t, `sources:
+  - name: orders
+    rabbitmq:
+      url: amqp://guest:guest@127.0.0.1:5672/
+      queue: orders
+      prefetch: 100
+`, "sources: []\n"), []string{"sources: at least one source"}},
+		{"duplicate names", replace(t, `sources:
+`, `sources:
+  - name: orders
+    rabbitmq: {url: "amqp://localhost/", queue: other}
+`), []string{"sources[1].name: duplicate source name \"orders\""}},
+		{"two brokers", replace(t, "      prefetch: 100\n", "      prefetch: 100\n    kafka: {brokers: [\"127.0.0.1:9092\"], topic: t, group: g}\n"), []string{"sources[0]: exactly one broker"}},
+		{"no broker", replace(t, `    rabbitmq:
+      url: amqp://guest:guest@127.0.0.1:5672/
+      queue: orders
+      prefetch: 100
+`, ""), []string{"sources[0]: exactly one broker"}},
+		{"unknown top-level key", validYAML + "colour: blue\n", []string{"colour: unknown key"}},
+		{"unknown nested key", replace(t, "queue: orders", "queue: orders\n      qeueu: typo"), []string{"sources[0].rabbitmq.qeueu: unknown key"}},
+		{"bad duration", replace(t, "timeout: 5s", "timeout: 5 seconds"), []string{"handler.timeout: invalid duration \"5 seconds\""}},
+		{"bare number duration", replace(t, "base: 100ms", "base: 100"), []string{"retry.base: invalid duration \"100\""}},
+		{"bad tier duration", replace(t, "tiers: [1s, 10s, 1m, 10m]", "tiers: [1s, soon]"), []string{"retry.tiers[1]: invalid duration \"soon\""}},
+		{"max attempts zero", replace(t, "max_attempts: 4", "max_attempts: 0"), []string{"retry.max_attempts: must be at least 1"}},
+		{"max attempts not int", replace(t, "max_attempts: 4", "max_attempts: four"), []string{"retry.max_attempts: cannot use \"four\" as an integer"}},
+		{"unsorted tiers", replace(t, "tiers: [1s, 10s, 1m, 10m]", "tiers: [10s, 1s]"), []string{"retry.tiers[1]: tiers must be strictly ascending"}},
+		{"duplicate tier", replace(t, "tiers: [1s, 10s, 1m, 10m]", "tiers: [1s, 1s]"), []string{"retry.tiers[1]: tiers must be strictly ascending"}},
+		{"sub-millisecond tier", replace(t, "tiers: [1s, 10s, 1m, 10m]", "tiers: [1500us]"), []string{"retry.tiers[0]: must be a whole number of milliseconds"}},
+		{"cap below base", replace(t, "cap: 2s", "cap: 10ms"), []string{"retry.cap: must be at least retry.base"}},
+		{"bad outcome name", replace(t, `{"404": permanent}`, `{"404": ignore}`), []string{"outcomes.http.404: unknown outcome \"ignore\""}},
+		{"bad outcome key", replace(t, `{"404": permanent}`, `{"abc": retry}`), []string{"outcomes.http.abc: want an HTTP status"}},
+		{"bad amqp scheme", replace(t, "amqp://guest:guest@127.0.0.1:5672/", "http://x/"), []string{"sources[0].rabbitmq.url: scheme \"http\""}},
+		{"missing queue", replace(t, "      queue: orders\n", ""), []string{"sources[0].rabbitmq.queue: required"}},
+		{"bad admin listen", replace(t, "listen: 127.0.0.1:9400", "listen: nowhere"), []string{"admin.listen: want host:port"}},
+		{"list where mapping", replace(t, "journal:   {path: ./handoff.db}", "journal: [a]"), []string{"journal: want a mapping"}},
+		{"kafka not yet", replace(t, `    rabbitmq:
+      url: amqp://guest:guest@127.0.0.1:5672/
+      queue: orders
+      prefetch: 100
+`, "    kafka: {brokers: [\"127.0.0.1:9092\"], topic: t, group: g}\n"), []string{"sources[0].kafka: Kafka sources are not supported by this build yet"}},
+		{"every problem at once", replace(t, "max_attempts: 4\n  base: 100ms\n  cap: 2s\n  tiers: [1s, 10s, 1m, 10m]", "max_attempts: 0\n  base: 100ms\n  cap: 1ms\n  tiers: [2s, 1s]"), []string{
+			"retry.max_attempts:", "retry.cap:", "retry.tiers[1]:",
+		}},
+		{"duplicate key", replace(t, "timeout: 5s", "timeout: 5s\n  timeout: 6s"), []string{"handler.timeout: duplicate key"}},
+		{"not yaml", "handler: [", []string{"not valid YAML"}},
+		{"empty file", "", []string{"empty config file"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse([]byte(tt.yaml))
+			var ps Problems
+			if !errors.As(err, &ps) {
+				t.Fatalf("Parse error = %v, want Problems", err)
+			}
+			for _, want := range tt.want {
+				found := false
+				for _, p := range ps {
+					if strings.HasPrefix(p.String(), want) {
+						found = true
+					}
+				}
+				if !found {
+					t.Errorf("no problem starting %q in:\n%v", want, ps)
+				}
+			}
+		})
+	}
+}
+
+func TestLoadMissingFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "nope.yaml")
+	_, err := Load(path)
+	if err == nil || !strings.Contains(err.Error(), path) {
+		t.Fatalf("Load(missing) = %v, want an error naming %s", err, path)
+	}
+	var ps Problems
+	if errors.As(err, &ps) {
+		t.Errorf("a missing file is not a content problem: %v", err)
+	}
+}
+
+func TestLoadFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(path, []byte(validYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(path); err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+}

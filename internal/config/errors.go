@@ -1,0 +1,43 @@
+package config
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Problem is one thing wrong with a config file, at a YAML path such as
+// "sources[0].rabbitmq.url". Path is empty for problems with the whole file.
+type Problem struct {
+	Path    string
+	Message string
+}
+
+func (p Problem) String() string {
+	if p.Path == "" {
+		return p.Message
+	}
+	return p.Path + ": " + p.Message
+}
+
+// Problems is every problem found in a file. It is returned as an error by
+// Parse, Load and Validate when non-empty.
+type Problems []Problem
+
+func (ps Problems) Error() string {
+	lines := make([]string, len(ps))
+	for i, p := range ps {
+		lines[i] = p.String()
+	}
+	return strings.Join(lines, "\n")
+}
+
+func (ps *Problems) add(path, format string, args ...any) {
+	*ps = append(*ps, Problem{Path: path, Message: fmt.Sprintf(format, args...)})
+}
+
+func (ps Problems) err() error {
+	if len(ps) == 0 {
+		return nil
+	}
+	return ps
+}

@@ -1,0 +1,181 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"time"
+
+	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/budget"
+)
+
+// maxQueueName is RabbitMQ's limit on a queue name, in bytes.
+const maxQueueName = 255
+
+// Validate reports every problem in c, each with its YAML path.
+func (c *Config) Validate() error {
+	var ps Problems
+	c.Handler.validate(&ps)
+	if len(c.Sources) == 0 {
+		ps.add("sources", "at least one source is required")
+	}
+	names := map[string]int{}
+	for i, s := range c.Sources {
+		path := fmt.Sprintf("sources[%d]", i)
+		if s.Name == "" {
+			ps.add(path+".name", "required")
+		} else if j, dup := names[s.Name]; dup {
+			ps.add(path+".name", "duplicate source name %q (also sources[%d])", s.Name, j)
+		} else {
+			names[s.Name] = i
+		}
+		switch {
+		case s.RabbitMQ != nil && s.Kafka != nil:
+			ps.add(path, "exactly one broker per source: set rabbitmq or kafka, not both")
+		case s.RabbitMQ != nil:
+			s.RabbitMQ.validate(path+".rabbitmq", c.Retry.Tiers, &ps)
+		case s.Kafka != nil:
+			ps.add(path+".kafka", "Kafka sources are not supported by this build yet; use rabbitmq")
+		default:
+			ps.add(path, "exactly one broker per source: set rabbitmq or kafka")
+		}
+	}
+	c.Retry.validate(&ps)
+	for key, val := range c.Outcomes.HTTP {
+		path := "outcomes.http." + key
+		if !validStatusKey(key) {
+			ps.add(path, "want an HTTP status (100-599) or a class such as 5xx")
+		}
+		if _, ok := budget.ParseOutcome(val); !ok {
+			ps.add(path, "unknown outcome %q (want success, retry, overload, unknown, defer, permanent, dead-letter or drop)", val)
+		}
+	}
+	if c.Journal.Path == "" {
+		ps.add("journal.path", "required")
+	}
+	validateListen("admin.listen", c.Admin.Listen, false, &ps)
+	validateListen("telemetry.metrics_listen", c.Telemetry.MetricsListen, true, &ps)
+	if c.Shutdown.DrainTimeout < 0 {
+		ps.add("shutdown.drain_timeout", "must not be negative")
+	}
+	return ps.err()
+}
+
+func (h *Handler) validate(ps *Problems) {
+	switch u, err := url.Parse(h.URL); {
+	case h.URL == "":
+		ps.add("handler.url", "required")
+	case err != nil:
+		ps.add("handler.url", "not a URL: %v", err)
+	case u.Scheme == "grpc":
+		ps.add("handler.url", "grpc:// handlers are not supported by this build yet; use http:// or https://")
+	case u.Scheme != "http" && u.Scheme != "https":
+		ps.add("handler.url", "scheme %q not supported; use http:// or https://", u.Scheme)
+	case u.Host == "":
+		ps.add("handler.url", "no host in %q", h.URL)
+	}
+	if h.Timeout <= 0 {
+		ps.add("handler.timeout", "must be positive")
+	}
+	if h.MaxConcurrency < 1 {
+		ps.add("handler.max_concurrency", "must be at least 1")
+	}
+}
+
+func (r *RabbitMQ) validate(path string, tiers []Duration, ps *Problems) {
+	switch u, err := url.Parse(r.URL); {
+	case r.URL == "":
+		ps.add(path+".url", "required")
+	case err != nil:
+		ps.add(path+".url", "not a URL: %v", err)
+	case u.Scheme != "amqp" && u.Scheme != "amqps":
+		ps.add(path+".url", "scheme %q not supported; use amqp:// or amqps://", u.Scheme)
+	}
+	if r.Queue == "" {
+		ps.add(path+".queue", "required")
+	} else {
+		// The longest derived name is the largest tier's queue.
+		longest := r.Queue + ".retry." + broker.TierName(longestTier(tiers))
+		if len(longest) > maxQueueName {
+			ps.add(path+".queue", "too long: derived queue %q passes RabbitMQ's %d-byte limit", longest, maxQueueName)
+		}
+	}
+	if r.Prefetch < 0 || r.Prefetch > 65535 {
+		ps.add(path+".prefetch", "must be between 0 and 65535")
+	}
+}
+
+func (r *Retry) validate(ps *Problems) {
+	if r.MaxAttempts < 1 {
+		ps.add("retry.max_attempts", "must be at least 1 (it counts all attempts, including the first)")
+	}
+	if r.Base <= 0 {
+		ps.add("retry.base", "must be positive")
+	}
+	if r.Cap < r.Base {
+		ps.add("retry.cap", "must be at least retry.base (%s)", r.Base.D())
+	}
+	if len(r.Tiers) == 0 {
+		ps.add("retry.tiers", "at least one delay tier is required")
+	}
+	for i, t := range r.Tiers {
+		path := fmt.Sprintf("retry.tiers[%d]", i)
+		switch {
+		case t < Duration(time.Millisecond):
+			ps.add(path, "must be at least 1ms")
+		case t.D()%time.Millisecond != 0:
+			ps.add(path, "must be a whole number of milliseconds (RabbitMQ's x-message-ttl)")
+		case i > 0 && t <= r.Tiers[i-1]:
+			ps.add(path, "tiers must be strictly ascending: %s is not after %s", t.D(), r.Tiers[i-1].D())
+		}
+	}
+	if r.Deadline <= 0 {
+		ps.add("retry.deadline", "must be positive")
+	}
+	if r.DeferMaxAge <= 0 {
+		ps.add("retry.defer_max_age", "must be positive")
+	}
+	if r.MinAttempt < 0 {
+		ps.add("retry.min_attempt", "must not be negative")
+	} else if r.Deadline > 0 && r.MinAttempt >= r.Deadline {
+		ps.add("retry.min_attempt", "must be shorter than retry.deadline (%s)", r.Deadline.D())
+	}
+}
+
+func validStatusKey(k string) bool {
+	if len(k) != 3 {
+		return false
+	}
+	if k[1:] == "xx" {
+		return k[0] >= '1' && k[0] <= '5'
+	}
+	n, err := strconv.Atoi(k)
+	return err == nil && n >= 100 && n <= 599
+}
+
+func validateListen(path, addr string, optional bool, ps *Problems) {
+	if addr == "" {
+		if !optional {
+			ps.add(path, "required (host:port; port 0 picks a free port)")
+		}
+		return
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		ps.add(path, "want host:port, got %q", addr)
+		return
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		ps.add(path, "bad port %q", port)
+	}
+}
+
+func longestTier(tiers []Duration) time.Duration {
+	var m time.Duration
+	for _, t := range tiers {
+		m = max(m, t.D())
+	}
+	return m
+}

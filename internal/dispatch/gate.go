@@ -1,0 +1,91 @@
+package dispatch
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// gate holds intake and calls while the app is unreachable. While held, a
+// prober dials the app with backoff and opens the gate when it answers.
+// It is safe for concurrent use.
+type gate struct {
+	probe    func(context.Context) error
+	log      *slog.Logger
+	min, max time.Duration
+
+	mu     sync.Mutex
+	opened chan struct{} // closed while the gate is open
+	held   bool
+	wg     sync.WaitGroup
+}
+
+func newGate(probe func(context.Context) error, log *slog.Logger) *gate {
+	g := &gate{probe: probe, log: log, min: 50 * time.Millisecond, max: 5 * time.Second, opened: make(chan struct{})}
+	close(g.opened)
+	return g
+}
+
+// wait blocks while the gate is held, until ctx is done.
+func (g *gate) wait(ctx context.Context) error {
+	g.mu.Lock()
+	opened := g.opened
+	g.mu.Unlock()
+	select {
+	case <-opened:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// isHeld reports whether the gate is held.
+func (g *gate) isHeld() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.held
+}
+
+// hold closes the gate, if open, and starts probing; the prober stops when the
+// app answers or ctx is done.
+func (g *gate) hold(ctx context.Context) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.held {
+		return
+	}
+	g.held = true
+	g.opened = make(chan struct{})
+	g.log.Warn("app unreachable: intake paused, probing")
+	g.wg.Add(1)
+	go g.run(ctx)
+}
+
+func (g *gate) run(ctx context.Context) {
+	defer g.wg.Done()
+	backoff := g.min
+	start := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := g.probe(pctx)
+		cancel()
+		if err == nil {
+			g.mu.Lock()
+			g.held = false
+			close(g.opened)
+			g.mu.Unlock()
+			g.log.Info("app reachable again: intake resumed", "held_for", time.Since(start).Round(time.Millisecond))
+			return
+		}
+		backoff = min(backoff*2, g.max)
+	}
+}
+
+// close waits for the prober to stop; cancel its ctx first.
+func (g *gate) close() { g.wg.Wait() }

@@ -1,0 +1,42 @@
+package dispatch
+
+import (
+	"context"
+
+	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/handler"
+)
+
+// Source yields deliveries. Consume calls deliver from one goroutine for each
+// delivery until ctx is done, then returns; deliver may block, which is how
+// the engine holds intake back. Deliveries handed out stay settleable after
+// Consume returns, until the adapter is closed.
+type Source interface {
+	Consume(ctx context.Context, deliver func(broker.Delivery)) error
+}
+
+// Transferer moves copies to a source's retry tiers and dead-letter
+// destination. Transfer returns nil only once the broker has durably taken the
+// copy. It is safe for concurrent use.
+type Transferer interface {
+	Transfer(ctx context.Context, dest broker.Destination, msg *broker.Message, trail broker.Headers) error
+}
+
+// Deliverer calls the app. It is safe for concurrent use.
+type Deliverer interface {
+	// Deliver makes one attempt; every ending is a classified Result.
+	Deliver(ctx context.Context, r *handler.Request) handler.Result
+	// Probe reports whether the app accepts connections.
+	Probe(ctx context.Context) error
+}
+
+// Route is one configured source: its fresh intake, its retry intake, and the
+// transferer for its copies.
+type Route struct {
+	Name     string
+	Fresh    Source
+	Retry    Source
+	Transfer Transferer
+	// CESource is the ce-source given to messages that carry none.
+	CESource string
+}

@@ -1,0 +1,15 @@
+// Package handler delivers a message to the app and classifies its answer.
+//
+// HTTP delivery uses CloudEvents binary content mode: the body is the message
+// body, the event's attributes are ce-* headers, and the sidecar adds
+// Handoff-Attempt, Handoff-Deadline and Handoff-Redelivered. The answer — a
+// status code, optionally refined by the Handoff-Outcome and Retry-After
+// response headers — becomes a budget.Outcome in one place, Classifier.
+//
+// # Caveats
+//
+// A call the app never received (connection refused, nothing listening) is
+// Unreachable, not a failure: it must not burn an attempt. Any error after the
+// request may have reached the app is Unknown, because its effect may have
+// happened.
+package handler

@@ -1,0 +1,154 @@
+package handler
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/budget"
+)
+
+// Request is one attempt to hand a message to the app.
+type Request struct {
+	Message *broker.Message
+	EventID string
+	// Source and Type become ce-source and ce-type when the message does not
+	// carry its own.
+	Source, Type string
+	Attempt      int
+	Deadline     time.Time
+	// Redelivered tells the app this event may have reached it before.
+	Redelivered bool
+	ReplayID    string
+	// Timeout bounds this attempt.
+	Timeout time.Duration
+}
+
+// Result is the app's answer, classified.
+type Result struct {
+	Outcome    budget.Outcome
+	Status     int // 0 when there was no response
+	RetryAfter time.Duration
+	// Detail is the evidence kept with a failed message: the status and the
+	// start of the response body, or the transport error.
+	Detail  string
+	Latency time.Duration
+}
+
+// HTTPOptions configures an HTTP client.
+type HTTPOptions struct {
+	URL string
+	// MaxConcurrency sizes the connection pool: with fewer idle connections
+	// than requests in flight, every surplus request dials a new one.
+	MaxConcurrency int
+	Classifier     *Classifier
+}
+
+// HTTP delivers messages with POST in CloudEvents binary content mode. It is
+// safe for concurrent use.
+type HTTP struct {
+	url        string
+	addr       string // host:port, for Probe
+	client     *http.Client
+	classifier *Classifier
+	now        func() time.Time
+}
+
+// evidenceLen bounds how much of a failed response body is kept.
+const evidenceLen = 256
+
+// drainLimit is how much of a response body is read so its connection can be
+// reused; a longer body costs a new connection instead.
+const drainLimit = 64 << 10
+
+// NewHTTP returns a client for the app at o.URL.
+func NewHTTP(o HTTPOptions) (*HTTP, error) {
+	u, err := url.Parse(o.URL)
+	if err != nil {
+		return nil, fmt.Errorf("handler url: %w", err)
+	}
+	addr := u.Host
+	if u.Port() == "" {
+		port := "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+		addr = net.JoinHostPort(u.Hostname(), port)
+	}
+	n := max(o.MaxConcurrency, 1)
+	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
+	tr := &http.Transport{
+		Proxy:               nil, // the app is local; never route it through a proxy
+		DialContext:         dialer.DialContext,
+		MaxIdleConns:        n,
+		MaxIdleConnsPerHost: n,
+		IdleConnTimeout:     90 * time.Second,
+		TLSHandshakeTimeout: 5 * time.Second,
+	}
+	return &HTTP{url: o.URL, addr: addr, client: &http.Client{Transport: tr}, classifier: o.Classifier, now: time.Now}, nil
+}
+
+// Close releases idle connections.
+func (h *HTTP) Close() { h.client.CloseIdleConnections() }
+
+// Probe reports whether the app accepts connections.
+func (h *HTTP) Probe(ctx context.Context) error {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", h.addr)
+	if err != nil {
+		return err
+	}
+	return conn.Close()
+}
+
+// Deliver makes one attempt. It never returns an error: every way a call can
+// end is an outcome. The caller tells its own cancellation apart by its ctx.
+func (h *HTTP) Deliver(ctx context.Context, r *Request) Result {
+	start := h.now()
+	ctx, cancel := context.WithTimeout(ctx, r.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.url, bytes.NewReader(r.Message.Body))
+	if err != nil {
+		return Result{Outcome: budget.Permanent, Detail: "build request: " + err.Error()}
+	}
+	setHeaders(req.Header, r)
+	resp, err := h.client.Do(req)
+	if err != nil {
+		return Result{Outcome: transportOutcome(err), Detail: err.Error(), Latency: h.now().Sub(start)}
+	}
+	var evidence []byte
+	if resp.StatusCode/100 != 2 {
+		evidence, _ = io.ReadAll(io.LimitReader(resp.Body, evidenceLen))
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
+	_ = resp.Body.Close()
+	end := h.now()
+	o, after := h.classifier.Response(resp.StatusCode, resp.Header, end)
+	res := Result{Outcome: o, Status: resp.StatusCode, RetryAfter: after, Latency: end.Sub(start)}
+	if o != budget.Success {
+		res.Detail = "HTTP " + strconv.Itoa(resp.StatusCode)
+		if len(evidence) > 0 {
+			res.Detail += ": " + strings.TrimSpace(string(evidence))
+		}
+	}
+	return res
+}
+
+// transportOutcome classifies a failed call. Only a failure to connect proves
+// the app never saw the request.
+func transportOutcome(err error) budget.Outcome {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return budget.Unreachable
+	}
+	return budget.Unknown
+}
