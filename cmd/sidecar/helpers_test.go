@@ -1,0 +1,327 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"handoff.dev/handoff/internal/broker/rabbitmq"
+	"handoff.dev/handoff/internal/config"
+)
+
+func rabbitURL() string {
+	if u := os.Getenv("HANDOFF_RABBITMQ_URL"); u != "" {
+		return u
+	}
+	return "amqp://guest:guest@127.0.0.1:5672/"
+}
+
+// dialRabbit connects to the test broker. Broker tests fail, never skip, when
+// it is missing: .ci/run starts it.
+func dialRabbit(t *testing.T) *amqp.Connection {
+	t.Helper()
+	conn, err := amqp.Dial(rabbitURL())
+	if err != nil {
+		t.Fatalf("RabbitMQ at %s is required (scripts/rabbitmq-local start): %v", rabbitURL(), err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// testQueue declares a fresh quorum source queue with a unique name and
+// deletes it and every derived queue when the test ends.
+func testQueue(t *testing.T, conn *amqp.Connection, tiers []time.Duration) string {
+	t.Helper()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	name := "test." + strings.ReplaceAll(strings.ToLower(t.Name()), "/", ".") + "." + hex.EncodeToString(b[:])
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if _, err := ch.QueueDeclare(name, true, false, false, false, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c, err := amqp.Dial(rabbitURL())
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		ch, err := c.Channel()
+		if err != nil {
+			return
+		}
+		names := []string{name, rabbitmq.RetryQueue(name), rabbitmq.DeadLetterQueue(name)}
+		for _, tier := range tiers {
+			names = append(names, rabbitmq.TierQueue(name, tier))
+		}
+		for _, q := range names {
+			_, _ = ch.QueueDelete(q, false, false, false)
+		}
+	})
+	return name
+}
+
+type publishing = amqp.Publishing
+
+func publish(t *testing.T, conn *amqp.Connection, queue string, msgs ...publishing) {
+	t.Helper()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var dcs []*amqp.DeferredConfirmation
+	for _, m := range msgs {
+		m.DeliveryMode = amqp.Persistent
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dcs = append(dcs, dc)
+	}
+	for _, dc := range dcs {
+		if ok, err := dc.WaitContext(ctx); err != nil || !ok {
+			t.Fatalf("publish not confirmed: %v", err)
+		}
+	}
+}
+
+// drain takes every message currently in queue.
+func drain(t *testing.T, conn *amqp.Connection, queue string) []amqp.Delivery {
+	t.Helper()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	var out []amqp.Delivery
+	for {
+		d, ok, err := ch.Get(queue, true)
+		if err != nil {
+			t.Fatalf("get %s: %v", queue, err)
+		}
+		if !ok {
+			return out
+		}
+		out = append(out, d)
+	}
+}
+
+// depth is the number of ready messages in queue.
+func depth(t *testing.T, conn *amqp.Connection, queue string) int {
+	t.Helper()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		t.Fatalf("inspect %s: %v", queue, err)
+	}
+	return q.Messages
+}
+
+// call is one request the app received.
+type call struct {
+	At     time.Time
+	Header http.Header
+	Body   []byte
+}
+
+// app is a scripted HTTP app on loopback. respond picks the answer for each
+// call; it sees the calls so far for the same ce-id.
+type app struct {
+	t       *testing.T
+	mu      sync.Mutex
+	calls   []call
+	respond func(w http.ResponseWriter, c call, prior []call)
+	srv     *http.Server
+	ln      net.Listener
+	addr    string
+}
+
+func newApp(t *testing.T, respond func(w http.ResponseWriter, c call, prior []call)) *app {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &app{t: t, respond: respond, addr: ln.Addr().String()}
+	a.serve(ln)
+	t.Cleanup(a.stop)
+	return a
+}
+
+func (a *app) serve(ln net.Listener) {
+	a.ln = ln
+	a.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		c := call{At: time.Now(), Header: r.Header.Clone(), Body: body}
+		a.mu.Lock()
+		var prior []call
+		for _, p := range a.calls {
+			if p.Header.Get("Ce-Id") == c.Header.Get("Ce-Id") {
+				prior = append(prior, p)
+			}
+		}
+		a.calls = append(a.calls, c)
+		a.mu.Unlock()
+		if a.respond != nil {
+			a.respond(w, c, prior)
+		}
+	})}
+	go func() { _ = a.srv.Serve(ln) }()
+}
+
+func (a *app) stop() {
+	if a.srv != nil {
+		_ = a.srv.Close()
+	}
+}
+
+func (a *app) url() string { return "http://" + a.addr + "/events" }
+
+// callsFor returns the calls made for one event id.
+func (a *app) callsFor(id string) []call {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []call
+	for _, c := range a.calls {
+		if c.Header.Get("Ce-Id") == id {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func (a *app) allCalls() []call {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]call(nil), a.calls...)
+}
+
+func status(code int) func(http.ResponseWriter, call, []call) {
+	return func(w http.ResponseWriter, _ call, _ []call) { w.WriteHeader(code) }
+}
+
+// testConfig is a config for one RabbitMQ source with short tiers.
+func testConfig(appURL, queue string, tiers ...time.Duration) config.Config {
+	cfg := config.Default()
+	cfg.Handler.URL = appURL
+	cfg.Handler.Timeout = config.Duration(2 * time.Second)
+	cfg.Handler.MaxConcurrency = 16
+	declare := true
+	cfg.Sources = []config.Source{{Name: "test", RabbitMQ: &config.RabbitMQ{URL: rabbitURL(), Queue: queue, Prefetch: 16, Declare: &declare}}}
+	cfg.Retry.Tiers = nil
+	for _, d := range tiers {
+		cfg.Retry.Tiers = append(cfg.Retry.Tiers, config.Duration(d))
+	}
+	cfg.Retry.MaxAttempts = 3
+	cfg.Retry.Base = config.Duration(50 * time.Millisecond)
+	cfg.Retry.Cap = config.Duration(200 * time.Millisecond)
+	cfg.Telemetry.MetricsListen = ""
+	cfg.Shutdown.DrainTimeout = config.Duration(5 * time.Second)
+	return cfg
+}
+
+// sidecar runs serve in-process until the returned stop is called (or the
+// test ends) and reports its result.
+type sidecar struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startSidecar(t *testing.T, cfg config.Config) *sidecar {
+	t.Helper()
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("test config invalid: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &sidecar{cancel: cancel, done: make(chan error, 1)}
+	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	go func() { s.done <- serve(ctx, cfg, log) }()
+	t.Cleanup(func() { s.stop(t) })
+	// The sidecar is up once it has declared its topology.
+	conn := dialRabbit(t)
+	for _, src := range cfg.Sources {
+		dlq := rabbitmq.DeadLetterQueue(src.RabbitMQ.Queue)
+		waitFor(t, 10*time.Second, "topology of "+src.RabbitMQ.Queue, func() bool { return exists(conn, dlq) })
+	}
+	return s
+}
+
+func exists(conn *amqp.Connection, queue string) bool {
+	ch, err := conn.Channel()
+	if err != nil {
+		return false
+	}
+	defer ch.Close()
+	_, err = ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	return err == nil
+}
+
+func (s *sidecar) stop(t *testing.T) {
+	t.Helper()
+	if s.cancel == nil {
+		return
+	}
+	s.cancel()
+	s.cancel = nil
+	select {
+	case err := <-s.done:
+		if err != nil {
+			t.Errorf("sidecar: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Error("sidecar did not stop within 30s")
+	}
+}
+
+// testWriter sends logs to t.Log, and stops once the test is over.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	defer func() { _ = recover() }() // a log line after the test ended
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func rabbitmqctl(t *testing.T, args ...string) {
+	t.Helper()
+	out, err := exec.Command("rabbitmqctl", args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("rabbitmqctl %v: %v\n%s", args, err, out)
+	}
+}
