@@ -32,9 +32,14 @@ func rabbitURL() string {
 // it is missing: .ci/run starts it.
 func dialRabbit(t *testing.T) *amqp.Connection {
 	t.Helper()
-	conn, err := amqp.Dial(rabbitURL())
+	return dialRabbitURL(t, rabbitURL())
+}
+
+func dialRabbitURL(t *testing.T, url string) *amqp.Connection {
+	t.Helper()
+	conn, err := amqp.Dial(url)
 	if err != nil {
-		t.Fatalf("RabbitMQ at %s is required (scripts/rabbitmq-local start): %v", rabbitURL(), err)
+		t.Fatalf("RabbitMQ at %s is required (scripts/rabbitmq-local start): %v", url, err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	return conn
@@ -263,8 +268,8 @@ func startSidecar(t *testing.T, cfg config.Config) *sidecar {
 	go func() { s.done <- serve(ctx, cfg, log) }()
 	t.Cleanup(func() { s.stop(t) })
 	// The sidecar is up once it has declared its topology.
-	conn := dialRabbit(t)
 	for _, src := range cfg.Sources {
+		conn := dialRabbitURL(t, src.RabbitMQ.URL)
 		dlq := rabbitmq.DeadLetterQueue(src.RabbitMQ.Queue)
 		waitFor(t, 10*time.Second, "topology of "+src.RabbitMQ.Queue, func() bool { return exists(conn, dlq) })
 	}
@@ -316,6 +321,19 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// testVhost creates a vhost of its own for a test that disrupts every
+// connection in it, and returns its AMQP URL.
+func testVhost(t *testing.T) string {
+	t.Helper()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	vhost := "test-" + hex.EncodeToString(b[:])
+	rabbitmqctl(t, "add_vhost", vhost)
+	t.Cleanup(func() { _ = exec.Command("rabbitmqctl", "delete_vhost", vhost).Run() })
+	rabbitmqctl(t, "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+	return strings.TrimSuffix(rabbitURL(), "/") + "/" + vhost
 }
 
 func rabbitmqctl(t *testing.T, args ...string) {

@@ -207,14 +207,16 @@ type session struct {
 }
 
 // fail ends the session: any lost channel means the whole connection is
-// rebuilt, so every consumer and the publisher start again together.
+// rebuilt, so every consumer and the publisher start again together. The
+// broker's own reason wins over a consequence such as a closed channel.
 func (s *session) fail(err error) {
-	s.once.Do(func() {
-		s.mu.Lock()
+	s.mu.Lock()
+	var ae *amqp.Error
+	if s.lastErr == nil || (errors.As(err, &ae) && !errors.As(s.lastErr, &ae)) {
 		s.lastErr = err
-		s.mu.Unlock()
-		close(s.done)
-	})
+	}
+	s.mu.Unlock()
+	s.once.Do(func() { close(s.done) })
 }
 
 func (s *session) err() error {

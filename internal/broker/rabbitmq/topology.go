@@ -29,10 +29,7 @@ type Topology struct {
 
 func (t Topology) queues() []queueSpec {
 	quorum := amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum}
-	specs := []queueSpec{
-		{name: RetryQueue(t.Queue), args: quorum},
-		{name: DeadLetterQueue(t.Queue), args: quorum},
-	}
+	specs := []queueSpec{{name: RetryQueue(t.Queue), args: quorum}}
 	for _, tier := range t.Tiers {
 		specs = append(specs, queueSpec{name: TierQueue(t.Queue, tier), args: amqp.Table{
 			amqp.QueueTypeArg: amqp.QueueTypeQuorum,
@@ -45,7 +42,8 @@ func (t Topology) queues() []queueSpec {
 			amqp.QueueOverflowArg:       amqp.QueueOverflowRejectPublish,
 		}})
 	}
-	return specs
+	// The DLQ goes last: once it exists, the whole topology does.
+	return append(specs, queueSpec{name: DeadLetterQueue(t.Queue), args: quorum})
 }
 
 type queueSpec struct {

@@ -1,0 +1,193 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		_ = os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
+}
+
+// sidecarBinary builds the real binary once per test run.
+func sidecarBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "handoff-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "sidecar")
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+func writeFile(t *testing.T, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "handoff.yaml")
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func exitCode(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		return -1
+	}
+	return 0
+}
+
+const cliValid = `handler: {url: "http://127.0.0.1:8080/events"}
+sources:
+  - name: orders
+    rabbitmq: {url: "amqp://guest:guest@127.0.0.1:5672/", queue: orders}
+retry: {max_attempts: 4, tiers: [1s, 10s]}
+`
+
+func TestValidateCommand(t *testing.T) {
+	t.Parallel()
+	bin := sidecarBinary(t)
+	tests := []struct {
+		name     string
+		yaml     string
+		wantCode int
+		wantOut  []string
+	}{
+		{"valid", cliValid, 0, []string{": ok"}},
+		{"missing handler url", strings.Replace(cliValid, `url: "http://127.0.0.1:8080/events"`, `timeout: 1s`, 1), 2, []string{"handler.url: required"}},
+		{"bad scheme", strings.Replace(cliValid, "http://127", "ftp://127", 1), 2, []string{"handler.url: scheme \"ftp\""}},
+		{"no sources", "handler: {url: \"http://127.0.0.1:8080/events\"}\n", 2, []string{"sources: at least one source"}},
+		{"duplicate names", strings.Replace(cliValid, "retry:", "  - name: orders\n    rabbitmq: {url: \"amqp://x/\", queue: b}\nretry:", 1), 2, []string{"sources[1].name: duplicate"}},
+		{"two brokers", strings.Replace(cliValid, "queue: orders}", "queue: orders}\n    kafka: {topic: t}", 1), 2, []string{"sources[0]: exactly one broker"}},
+		{"unknown key", cliValid + "colour: blue\n", 2, []string{"colour: unknown key"}},
+		{"bad duration", strings.Replace(cliValid, "tiers: [1s, 10s]", "tiers: [1s, ten]", 1), 2, []string{"retry.tiers[1]: invalid duration"}},
+		{"max attempts below one", strings.Replace(cliValid, "max_attempts: 4", "max_attempts: 0", 1), 2, []string{"retry.max_attempts: must be at least 1"}},
+		{"unsorted tiers", strings.Replace(cliValid, "tiers: [1s, 10s]", "tiers: [10s, 1s]", 1), 2, []string{"retry.tiers[1]: tiers must be strictly ascending"}},
+		{"several problems at once", strings.Replace(strings.Replace(cliValid, "max_attempts: 4", "max_attempts: 0", 1), "tiers: [1s, 10s]", "tiers: [10s, 1s]", 1), 2,
+			[]string{"2 problem(s)", "retry.max_attempts", "retry.tiers[1]"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := writeFile(t, tt.yaml)
+			out, err := exec.Command(bin, "validate", "--config", path).CombinedOutput()
+			if got := exitCode(err); got != tt.wantCode {
+				t.Errorf("exit code %d, want %d; output:\n%s", got, tt.wantCode, out)
+			}
+			for _, want := range tt.wantOut {
+				if !bytes.Contains(out, []byte(want)) {
+					t.Errorf("output lacks %q:\n%s", want, out)
+				}
+			}
+		})
+	}
+	t.Run("missing file", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "absent.yaml")
+		out, err := exec.Command(bin, "validate", "--config", path).CombinedOutput()
+		if exitCode(err) == 0 || !bytes.Contains(out, []byte(path)) {
+			t.Errorf("exit %d, output %q: want a non-zero exit naming %s", exitCode(err), out, path)
+		}
+	})
+	t.Run("run refuses a bad config", func(t *testing.T) {
+		path := writeFile(t, strings.Replace(cliValid, "max_attempts: 4", "max_attempts: 0", 1))
+		out, err := exec.Command(bin, "run", "--config", path).CombinedOutput()
+		if exitCode(err) != 2 || !bytes.Contains(out, []byte("retry.max_attempts")) {
+			t.Errorf("exit %d, output %q: want exit 2 naming retry.max_attempts", exitCode(err), out)
+		}
+	})
+}
+
+// TestRunSIGTERMDrains sends SIGTERM to the real binary with messages in
+// flight: the calls in flight finish and are acked, the deliveries it holds
+// but has not started go back to the queue, and it exits 0.
+func TestRunSIGTERMDrains(t *testing.T) {
+	t.Parallel()
+	bin := sidecarBinary(t)
+	conn := dialRabbit(t)
+	q := testQueue(t, conn, []time.Duration{time.Second})
+	started := make(chan struct{}, 16)
+	a := newApp(t, func(w http.ResponseWriter, _ call, _ []call) {
+		started <- struct{}{}
+		time.Sleep(700 * time.Millisecond)
+		w.WriteHeader(http.StatusOK)
+	})
+	path := writeFile(t, fmt.Sprintf(`handler: {url: %q, max_concurrency: 2}
+sources:
+  - name: drain
+    rabbitmq: {url: %q, queue: %q, prefetch: 4}
+retry: {tiers: [1s]}
+telemetry: {metrics_listen: "127.0.0.1:0"}
+admin: {listen: "127.0.0.1:0"}
+shutdown: {drain_timeout: 10s}
+`, a.url(), rabbitURL(), q))
+	var stderr bytes.Buffer
+	cmd := exec.Command(bin, "run", "--config", path)
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+
+	var msgs []publishing
+	for i := range 6 {
+		msgs = append(msgs, publishing{MessageId: fmt.Sprintf("d-%d", i), Body: []byte("x")})
+	}
+	publish(t, conn, q, msgs...)
+	for range 2 {
+		select {
+		case <-started:
+		case <-time.After(15 * time.Second):
+			t.Fatalf("no calls started; sidecar log:\n%s", stderr.String())
+		}
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("sidecar exited with %v after SIGTERM; log:\n%s", err, stderr.String())
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatalf("sidecar still running 15s after SIGTERM; log:\n%s", stderr.String())
+	}
+	calls := len(a.allCalls())
+	if calls != 2 {
+		t.Errorf("app called %d times, want exactly the 2 in flight at SIGTERM", calls)
+	}
+	waitFor(t, 5*time.Second, "the undelivered messages back in the queue", func() bool { return depth(t, conn, q) == 6-calls })
+}

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/broker/rabbitmq"
+	"handoff.dev/handoff/internal/config"
+)
+
+// TestRabbitConnectionsClosedMidStream force-closes every connection of the
+// sidecar's vhost while it consumes: it must reconnect, resume, and hand
+// every message to the app; nothing is lost.
+func TestRabbitConnectionsClosedMidStream(t *testing.T) {
+	t.Parallel()
+	url := testVhost(t)
+	conn := dialRabbitURL(t, url)
+	q := testQueue(t, conn, []time.Duration{tier})
+	// After the 60th call the app stalls until the connections are closed,
+	// so the close lands mid-stream with deliveries in flight.
+	release := make(chan struct{})
+	var calls atomic.Int32
+	a := newApp(t, func(w http.ResponseWriter, _ call, _ []call) {
+		if calls.Add(1) > 60 {
+			select {
+			case <-release:
+			case <-time.After(30 * time.Second):
+			}
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	cfg := testConfig(a.url(), q, tier)
+	cfg.Sources[0].RabbitMQ.URL = url
+	s := startSidecar(t, cfg)
+
+	const n = 300
+	var msgs []publishing
+	for i := range n {
+		msgs = append(msgs, publishing{MessageId: fmt.Sprintf("m-%03d", i), Body: []byte("x")})
+	}
+	publish(t, conn, q, msgs...)
+	waitFor(t, 20*time.Second, "a first part of the stream", func() bool { return len(a.allCalls()) >= 60 })
+	conn.Close() // ours goes too; reopen after
+	rabbitmqctl(t, "close_all_connections", "-p", cfg.Sources[0].RabbitMQ.URL[len(rabbitURL()):], "test: broker-side close")
+	closedAt := len(a.allCalls())
+	close(release)
+
+	seen := func() map[string]int {
+		m := map[string]int{}
+		for _, c := range a.allCalls() {
+			m[c.Header.Get("Ce-Id")]++
+		}
+		return m
+	}
+	waitFor(t, 60*time.Second, "every message after the reconnect", func() bool { return len(seen()) == n })
+	s.stop(t)
+
+	dups := 0
+	for _, k := range seen() {
+		dups += k - 1
+	}
+	t.Logf("%d messages, %d calls before the close, %d calls in all, %d duplicate calls (in flight at the close, redelivered)", n, closedAt, len(a.allCalls()), dups)
+	if closedAt >= n {
+		t.Fatalf("the stream finished before the connections were closed; the test proves nothing")
+	}
+	conn = dialRabbitURL(t, url)
+	for _, name := range []string{q, rabbitmq.RetryQueue(q), rabbitmq.DeadLetterQueue(q)} {
+		if got := depth(t, conn, name); got != 0 {
+			t.Errorf("%s holds %d after the stream, want 0", name, got)
+		}
+	}
+	if dups > cfg.Sources[0].RabbitMQ.Prefetch*2 {
+		t.Errorf("%d duplicates: more than the deliveries that could have been in flight", dups)
+	}
+}
+
+// TestRabbitDeadLetterQueueDeleted deletes the DLQ under a running sidecar:
+// the dead-letter transfer is returned unroutable, so the source message must
+// stay unacked — handed back at shutdown — and reach the DLQ once it exists.
+func TestRabbitDeadLetterQueueDeleted(t *testing.T) {
+	t.Parallel()
+	conn := dialRabbit(t)
+	q := testQueue(t, conn, []time.Duration{tier})
+	a := newApp(t, status(http.StatusUnprocessableEntity))
+	cfg := testConfig(a.url(), q, tier)
+	cfg.Shutdown.DrainTimeout = config.Duration(time.Second)
+	s := startSidecar(t, cfg)
+
+	dlq := rabbitmq.DeadLetterQueue(q)
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDelete(dlq, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	ch.Close()
+
+	publish(t, conn, q, publishing{MessageId: "m-dlq", Body: []byte("poison")})
+	waitFor(t, 10*time.Second, "the app call", func() bool { return len(a.callsFor("m-dlq")) == 1 })
+	time.Sleep(time.Second) // several transfer attempts fail meanwhile
+	if exists(conn, dlq) {
+		t.Fatal("the DLQ came back while the sidecar ran; the test proves nothing")
+	}
+	s.stop(t)
+	waitFor(t, 5*time.Second, "the message back in the source queue", func() bool { return depth(t, conn, q) == 1 })
+
+	// A restart declares the topology again; the message reaches the DLQ.
+	startSidecar(t, cfg)
+	waitFor(t, 10*time.Second, "the DLQ copy", func() bool { return depth(t, conn, dlq) == 1 })
+	d := drain(t, conn, dlq)[0]
+	if d.Headers[broker.HeaderEventID] != "m-dlq" || d.Headers[broker.HeaderDeadReason] != "permanent" {
+		t.Errorf("DLQ copy headers = %v", d.Headers)
+	}
+	if got := depth(t, conn, q); got != 0 {
+		t.Errorf("source holds %d, want 0", got)
+	}
+}
