@@ -52,7 +52,8 @@ type Trail struct {
 	ReplayID       string
 }
 
-// Headers returns t as handoff-* headers. Zero fields are left out.
+// Headers returns t as handoff-* headers. The event id and attempt are always
+// written; other zero fields are left out.
 func (t *Trail) Headers() Headers {
 	h := Headers{
 		HeaderEventID: t.EventID,
@@ -119,9 +120,13 @@ func ParseTrail(h Headers) (Trail, error) {
 			}
 			continue
 		}
-		if *f.dst, err = time.Parse(time.RFC3339Nano, v); err != nil {
+		ts, err := time.Parse(time.RFC3339Nano, v)
+		// Times are written back in UTC: one whose UTC year leaves four
+		// digits could not be read again at the next hop.
+		if err != nil || ts.UTC().Year() < 0 || ts.UTC().Year() > 9999 {
 			return t, fmt.Errorf("%s: %q is not an RFC 3339 time", f.key, v)
 		}
+		*f.dst = ts
 	}
 	t.ErrorClass = h[HeaderErrorClass]
 	t.Error = h[HeaderError]
