@@ -137,8 +137,8 @@ func (r *Retry) validate(ps *Problems) {
 	if r.DeferMaxAge <= 0 {
 		ps.add("retry.defer_max_age", "must be positive")
 	}
-	if r.MinAttempt < 0 {
-		ps.add("retry.min_attempt", "must not be negative")
+	if r.MinAttempt <= 0 {
+		ps.add("retry.min_attempt", "must be positive")
 	} else if r.Deadline > 0 && r.MinAttempt >= r.Deadline {
 		ps.add("retry.min_attempt", "must be shorter than retry.deadline (%s)", r.Deadline.D())
 	}

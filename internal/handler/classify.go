@@ -57,7 +57,7 @@ func NewClassifier(overrides map[string]string) (*Classifier, error) {
 			continue
 		}
 		s, err := strconv.Atoi(key)
-		if err != nil || s < 100 || s > 599 {
+		if err != nil || s < 100 || s > 599 || strconv.Itoa(s) != key {
 			return nil, fmt.Errorf("status %q: want 100-599 or a class such as 5xx", key)
 		}
 		c.status[s] = o
@@ -100,15 +100,28 @@ const maxRetryAfter = 24 * time.Hour
 // Anything unreadable or in the past is zero.
 func ParseRetryAfter(v string, now time.Time) time.Duration {
 	v = strings.TrimSpace(v)
-	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
-		if secs <= 0 {
-			return 0
+	if isDigits(v) {
+		secs, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return maxRetryAfter // more digits than int64 holds: a very long delay
 		}
-		return min(time.Duration(min(secs, int64(maxRetryAfter/time.Second)))*time.Second, maxRetryAfter)
+		return time.Duration(min(secs, int64(maxRetryAfter/time.Second))) * time.Second
 	}
 	t, err := http.ParseTime(v)
 	if err != nil || !t.After(now) {
 		return 0
 	}
 	return min(t.Sub(now), maxRetryAfter)
+}
+
+func isDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
 }

@@ -24,19 +24,25 @@ var reserved = map[string]bool{
 func setHeaders(h http.Header, r *Request) {
 	m := r.Message
 	var ceSource, ceType string
+	contentType := m.ContentType
 	for k, v := range m.Headers {
 		if broker.IsOwned(k) || !validValue(v) {
 			continue
 		}
 		if attr, ok := ceAttribute(k); ok {
-			switch attr {
-			case "id", "specversion":
+			switch {
+			case attr == "id" || attr == "specversion":
 				continue // the sidecar's event id and version win
-			case "source":
+			case attr == "source":
 				ceSource = v
-			case "type":
+			case attr == "type":
 				ceType = v
-			default:
+			case attr == "datacontenttype":
+				// In binary mode this attribute is the Content-Type header.
+				if contentType == "" {
+					contentType = v
+				}
+			case validName(attr):
 				h[http.CanonicalHeaderKey("ce-"+attr)] = []string{v}
 			}
 			continue
@@ -60,8 +66,8 @@ func setHeaders(h http.Header, r *Request) {
 	h["Ce-Specversion"] = []string{SpecVersion}
 	h["Ce-Source"] = []string{ceSource}
 	h["Ce-Type"] = []string{ceType}
-	if m.ContentType != "" {
-		h["Content-Type"] = []string{m.ContentType}
+	if contentType != "" {
+		h["Content-Type"] = []string{contentType}
 	}
 	h["Handoff-Attempt"] = []string{strconv.Itoa(r.Attempt)}
 	if !r.Deadline.IsZero() {

@@ -94,7 +94,14 @@ func NewHTTP(o HTTPOptions) (*HTTP, error) {
 		IdleConnTimeout:     90 * time.Second,
 		TLSHandshakeTimeout: 5 * time.Second,
 	}
-	return &HTTP{url: o.URL, addr: addr, client: &http.Client{Transport: tr}, classifier: o.Classifier, now: time.Now}, nil
+	client := &http.Client{
+		Transport: tr,
+		// A redirect is the app's answer, classified like any other (3xx is
+		// permanent by default). Following it would turn the POST into a GET
+		// elsewhere and ack a message the app never saw.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	return &HTTP{url: o.URL, addr: addr, client: client, classifier: o.Classifier, now: time.Now}, nil
 }
 
 // Close releases idle connections.
