@@ -245,7 +245,6 @@ func testConfig(appURL, queue string, tiers ...time.Duration) config.Config {
 	cfg.Retry.MaxAttempts = 3
 	cfg.Retry.Base = config.Duration(50 * time.Millisecond)
 	cfg.Retry.Cap = config.Duration(200 * time.Millisecond)
-	cfg.Telemetry.MetricsListen = ""
 	cfg.Shutdown.DrainTimeout = config.Duration(5 * time.Second)
 	return cfg
 }
@@ -265,14 +264,28 @@ func startSidecar(t *testing.T, cfg config.Config) *sidecar {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &sidecar{cancel: cancel, done: make(chan error, 1)}
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	go func() { s.done <- serve(ctx, cfg, log) }()
+	cfg.Telemetry.MetricsListen = "127.0.0.1:0"
+	addr := make(chan string, 1)
+	go func() { s.done <- serve(ctx, cfg, log, func(a string) { addr <- a }) }()
 	t.Cleanup(func() { s.stop(t) })
-	// The sidecar is up once it has declared its topology.
-	for _, src := range cfg.Sources {
-		conn := dialRabbitURL(t, src.RabbitMQ.URL)
-		dlq := rabbitmq.DeadLetterQueue(src.RabbitMQ.Queue)
-		waitFor(t, 10*time.Second, "topology of "+src.RabbitMQ.Queue, func() bool { return exists(conn, dlq) })
+	// The sidecar is up once /readyz says every connection is.
+	var health string
+	select {
+	case health = <-addr:
+	case err := <-s.done:
+		s.done <- err
+		t.Fatalf("sidecar stopped at start: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no health server after 10s")
 	}
+	waitFor(t, 15*time.Second, "/readyz", func() bool {
+		resp, err := http.Get("http://" + health + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
 	return s
 }
 

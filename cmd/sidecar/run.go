@@ -36,7 +36,7 @@ func runCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return serve(cmd.Context(), cfg, log)
+			return serve(cmd.Context(), cfg, log, nil)
 		},
 	}
 	cmd.Flags().StringVarP(&path, "config", "c", "", "config file (required)")
@@ -81,8 +81,9 @@ func policyFrom(r config.Retry) *budget.Policy {
 
 // serve runs the sidecar until ctx is done, then shuts down in order: not
 // ready → stop intake → finish or hand back in-flight → close broker
-// connections → stop the health server.
-func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
+// connections → stop the health server. healthAddr, when not nil, is told
+// the health server's bound address.
+func serve(ctx context.Context, cfg config.Config, log *slog.Logger, healthAddr func(string)) error {
 	policy := policyFrom(cfg.Retry)
 	classifier, err := handler.NewClassifier(cfg.Outcomes.HTTP)
 	if err != nil {
@@ -173,6 +174,9 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			return err
 		}
 		log.Info("health endpoints listening", "addr", hs.Addr())
+		if healthAddr != nil {
+			healthAddr(hs.Addr())
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
