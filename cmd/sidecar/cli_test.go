@@ -151,7 +151,8 @@ retry: {tiers: [1s]}
 telemetry: {metrics_listen: "127.0.0.1:0"}
 admin: {listen: "127.0.0.1:0"}
 shutdown: {drain_timeout: 10s}
-`, a.url(), rabbitURL(), q))
+journal: {path: %q}
+`, a.url(), rabbitURL(), q, filepath.Join(t.TempDir(), "handoff.db")))
 	var stderr bytes.Buffer
 	cmd := exec.Command(bin, "run", "--config", path)
 	cmd.Stderr = &stderr

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -265,6 +266,9 @@ func startSidecar(t *testing.T, cfg config.Config) *sidecar {
 	s := &sidecar{cancel: cancel, done: make(chan error, 1)}
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	cfg.Telemetry.MetricsListen = "127.0.0.1:0"
+	if cfg.Journal.Path == config.Default().Journal.Path {
+		cfg.Journal.Path = filepath.Join(t.TempDir(), "handoff.db")
+	}
 	addr := make(chan string, 1)
 	go func() { s.done <- serve(ctx, cfg, log, func(a string) { addr <- a }) }()
 	t.Cleanup(func() { s.stop(t) })

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -88,6 +89,7 @@ func TestRabbitDeadLetterQueueDeleted(t *testing.T) {
 	a := newApp(t, status(http.StatusUnprocessableEntity))
 	cfg := testConfig(a.url(), q, tier)
 	cfg.Shutdown.DrainTimeout = config.Duration(time.Second)
+	cfg.Journal.Path = filepath.Join(t.TempDir(), "handoff.db") // kept across the restart
 	s := startSidecar(t, cfg)
 
 	dlq := rabbitmq.DeadLetterQueue(q)
@@ -109,7 +111,8 @@ func TestRabbitDeadLetterQueueDeleted(t *testing.T) {
 	s.stop(t)
 	waitFor(t, 5*time.Second, "the message back in the source queue", func() bool { return depth(t, conn, q) == 1 })
 
-	// A restart declares the topology again; the message reaches the DLQ.
+	// A restart declares the topology again; the message reaches the DLQ,
+	// and the journal knows the app already answered: it is not called again.
 	startSidecar(t, cfg)
 	waitFor(t, 10*time.Second, "the DLQ copy", func() bool { return depth(t, conn, dlq) == 1 })
 	d := drain(t, conn, dlq)[0]
@@ -118,5 +121,8 @@ func TestRabbitDeadLetterQueueDeleted(t *testing.T) {
 	}
 	if got := depth(t, conn, q); got != 0 {
 		t.Errorf("source holds %d, want 0", got)
+	}
+	if n := len(a.callsFor("m-dlq")); n != 1 {
+		t.Errorf("app called %d times, want 1: the journal recorded its answer", n)
 	}
 }

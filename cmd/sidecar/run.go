@@ -18,6 +18,7 @@ import (
 	"handoff.dev/handoff/internal/config"
 	"handoff.dev/handoff/internal/dispatch"
 	"handoff.dev/handoff/internal/handler"
+	"handoff.dev/handoff/internal/journal"
 	"handoff.dev/handoff/internal/telemetry"
 )
 
@@ -99,6 +100,29 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, healthAddr 
 	}
 	defer app.Close()
 
+	syncMode, _ := journal.ParseSyncMode(cfg.Journal.Sync)
+	jr, recovered, err := journal.Open(cfg.Journal.Path, journal.Options{
+		Sync:      syncMode,
+		Retention: cfg.Journal.Retention.D(),
+		Logger:    log,
+	})
+	if err != nil {
+		return fmt.Errorf("open journal: %w", err)
+	}
+	defer func() {
+		if err := jr.Close(); err != nil {
+			log.Error("close journal", "err", err)
+		}
+	}()
+	if recovered.Open > 0 {
+		log.Warn("journal: hand-offs left open by the previous run; each resumes where it stopped when the broker redelivers it",
+			"path", cfg.Journal.Path, "open", recovered.Open, "received", recovered.Received, "in_call", recovered.InCall,
+			"handled_not_acked", recovered.Handled, "copy_unconfirmed", recovered.Unconfirmed,
+			"copy_confirmed_not_acked", recovered.Confirmed, "failed_without_copy", recovered.Failed)
+	} else {
+		log.Info("journal opened", "path", cfg.Journal.Path, "sync", syncMode)
+	}
+
 	var (
 		clients []*rabbitmq.Client
 		routes  []dispatch.Route
@@ -144,6 +168,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, healthAddr 
 		Routes:         routes,
 		Handler:        app,
 		Policy:         policy,
+		Journal:        jr,
 		Timeout:        cfg.Handler.Timeout.D(),
 		MaxConcurrency: cfg.Handler.MaxConcurrency,
 		DrainTimeout:   cfg.Shutdown.DrainTimeout.D(),

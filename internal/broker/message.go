@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"fmt"
 	"strings"
 	"time"
 )
@@ -66,6 +67,19 @@ func (d Destination) String() string {
 		return "dlq"
 	}
 	return "retry." + TierName(d.Tier)
+}
+
+// ParseDestination reads what Destination.String wrote.
+func ParseDestination(s string) (Destination, error) {
+	if s == "dlq" {
+		return Destination{DeadLetter: true}, nil
+	}
+	if tier, ok := strings.CutPrefix(s, "retry."); ok {
+		if d, err := time.ParseDuration(tier); err == nil && d > 0 {
+			return Destination{Tier: d}, nil
+		}
+	}
+	return Destination{}, fmt.Errorf("unknown destination %q", s)
 }
 
 // IsOwned reports whether a header name belongs to the sidecar (handoff-*).

@@ -12,6 +12,7 @@ const headerPrefix = "handoff-"
 const (
 	HeaderEventID        = "handoff-event-id"
 	HeaderAttempt        = "handoff-attempt"
+	HeaderHops           = "handoff-hops"
 	HeaderDefers         = "handoff-defers"
 	HeaderFirstAttemptAt = "handoff-first-attempt-at"
 	HeaderFirstFailureAt = "handoff-first-failure-at"
@@ -38,6 +39,9 @@ type Trail struct {
 	// Attempt is the number of attempts made so far (the one that just
 	// failed, on a copy).
 	Attempt int
+	// Hops counts the copies made so far: 0 on the original message, n on
+	// the n-th copy. With the event id it names one delivery of a hand-off.
+	Hops int
 	// Defers counts attempts answered with Defer; they do not count against
 	// max attempts.
 	Defers         int
@@ -69,6 +73,9 @@ func (t *Trail) Headers() Headers {
 			h[k] = v.UTC().Format(TimeLayout)
 		}
 	}
+	if t.Hops > 0 {
+		h[HeaderHops] = strconv.Itoa(t.Hops)
+	}
 	if t.Defers > 0 {
 		h[HeaderDefers] = strconv.Itoa(t.Defers)
 	}
@@ -95,6 +102,9 @@ func ParseTrail(h Headers) (Trail, error) {
 		return t, fmt.Errorf("%s missing", HeaderEventID)
 	}
 	if t.Attempt, err = atoi(h, HeaderAttempt, true); err != nil {
+		return t, err
+	}
+	if t.Hops, err = atoi(h, HeaderHops, false); err != nil {
 		return t, err
 	}
 	if t.Defers, err = atoi(h, HeaderDefers, false); err != nil {

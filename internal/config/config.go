@@ -73,6 +73,11 @@ type Outcomes struct {
 // Journal is the hand-off journal file.
 type Journal struct {
 	Path string `yaml:"path"`
+	// Sync is always, batch (group commit; the default) or none.
+	Sync string `yaml:"sync"`
+	// Retention is how long settled hand-offs are kept, and so the window in
+	// which a redelivered or duplicate event is recognised.
+	Retention Duration `yaml:"retention"`
 }
 
 // Admin is the admin API listener.
@@ -107,7 +112,7 @@ func Default() Config {
 			DeferMaxAge: Duration(24 * time.Hour),
 			MinAttempt:  Duration(100 * time.Millisecond),
 		},
-		Journal:   Journal{Path: "./handoff.db"},
+		Journal:   Journal{Path: "./handoff.db", Sync: "batch", Retention: Duration(24 * time.Hour)},
 		Admin:     Admin{Listen: "127.0.0.1:9400"},
 		Telemetry: Telemetry{MetricsListen: "127.0.0.1:9464"},
 		Shutdown:  Shutdown{DrainTimeout: Duration(30 * time.Second)},

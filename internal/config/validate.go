@@ -9,6 +9,7 @@ import (
 
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/budget"
+	"handoff.dev/handoff/internal/journal"
 )
 
 // maxQueueName is RabbitMQ's limit on a queue name, in bytes.
@@ -54,6 +55,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Journal.Path == "" {
 		ps.add("journal.path", "required")
+	}
+	if _, ok := journal.ParseSyncMode(c.Journal.Sync); !ok {
+		ps.add("journal.sync", "want always, batch or none, got %q", c.Journal.Sync)
+	}
+	if c.Journal.Retention <= 0 {
+		ps.add("journal.retention", "must be positive")
 	}
 	validateListen("admin.listen", c.Admin.Listen, false, &ps)
 	validateListen("telemetry.metrics_listen", c.Telemetry.MetricsListen, true, &ps)

@@ -3,8 +3,10 @@ package dispatch
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/budget"
 	"handoff.dev/handoff/internal/handler"
+	"handoff.dev/handoff/internal/journal"
 )
 
 // The engine's settle rules, against fakes: no broker, no app.
@@ -109,15 +112,22 @@ func (a *fakeApp) Probe(context.Context) error {
 }
 
 type rig struct {
-	mu     sync.Mutex
-	events []event
-	app    *fakeApp
-	tr     *fakeTransfer
+	mu      sync.Mutex
+	events  []event
+	app     *fakeApp
+	tr      *fakeTransfer
+	journal *journal.Journal
 }
 
-func newRig(results ...budget.Outcome) *rig {
+func newRig(t *testing.T, results ...budget.Outcome) *rig {
 	r := &rig{app: &fakeApp{results: results}}
 	r.tr = &fakeTransfer{mu: &r.mu, log: &r.events}
+	j, _, err := journal.Open(filepath.Join(t.TempDir(), "journal.db"), journal.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = j.Close() })
+	r.journal = j
 	return r
 }
 
@@ -134,6 +144,7 @@ func (r *rig) engine(concurrency int, ds ...broker.Delivery) *Engine {
 			Tiers: []time.Duration{time.Second}, Deadline: time.Hour, DeferMaxAge: time.Hour,
 			MinAttempt: time.Millisecond, Jitter: func() float64 { return 0 },
 		},
+		Journal:        r.journal,
 		Timeout:        time.Second,
 		MaxConcurrency: concurrency,
 		DrainTimeout:   200 * time.Millisecond,
@@ -172,7 +183,7 @@ func kinds(es []event) []string {
 }
 
 func TestAckOnlyAfterTheCopyIsConfirmed(t *testing.T) {
-	r := newRig(budget.Permanent)
+	r := newRig(t, budget.Permanent)
 	r.tr.fails.Store(3)
 	d := r.delivery("a")
 	run(t, r.engine(4, d), func() bool { return len(r.snapshot()) >= 2 })
@@ -183,7 +194,7 @@ func TestAckOnlyAfterTheCopyIsConfirmed(t *testing.T) {
 }
 
 func TestFailedTransferNeverAcks(t *testing.T) {
-	r := newRig(budget.Retry)
+	r := newRig(t, budget.Retry)
 	r.tr.fails.Store(-1)
 	d := r.delivery("a")
 	start := time.Now()
@@ -195,7 +206,7 @@ func TestFailedTransferNeverAcks(t *testing.T) {
 }
 
 func TestLostDeliveryIsLeftToTheBroker(t *testing.T) {
-	r := newRig(budget.Retry)
+	r := newRig(t, budget.Retry)
 	r.tr.fails.Store(-1)
 	d := r.delivery("a")
 	go func() {
@@ -210,7 +221,7 @@ func TestLostDeliveryIsLeftToTheBroker(t *testing.T) {
 }
 
 func TestUnreachableHoldsWithoutBurningAttempts(t *testing.T) {
-	r := newRig(budget.Unreachable, budget.Unreachable, budget.Success)
+	r := newRig(t, budget.Unreachable, budget.Unreachable, budget.Success)
 	go func() {
 		time.Sleep(100 * time.Millisecond)
 		r.app.probeOK.Store(true)
@@ -239,11 +250,11 @@ func TestUnreachableHoldsWithoutBurningAttempts(t *testing.T) {
 }
 
 func TestConcurrencyIsBounded(t *testing.T) {
-	r := newRig(budget.Success)
+	r := newRig(t, budget.Success)
 	r.app.delay = 20 * time.Millisecond
 	var ds []broker.Delivery
-	for range 40 {
-		ds = append(ds, r.delivery("x"))
+	for i := range 40 {
+		ds = append(ds, r.delivery(fmt.Sprintf("x-%d", i)))
 	}
 	run(t, r.engine(3, ds...), func() bool { return len(r.snapshot()) == 40 })
 	if got := len(r.snapshot()); got != 40 {

@@ -5,6 +5,7 @@ import (
 
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/handler"
+	"handoff.dev/handoff/internal/journal"
 )
 
 // Source yields deliveries. Consume calls deliver from one goroutine for each
@@ -28,6 +29,18 @@ type Deliverer interface {
 	Deliver(ctx context.Context, r *handler.Request) handler.Result
 	// Probe reports whether the app accepts connections.
 	Probe(ctx context.Context) error
+}
+
+// Journal records each state change of a hand-off and answers what it knows
+// of one. It is safe for concurrent use.
+type Journal interface {
+	// State is everything recorded for k.
+	State(k journal.Key) (journal.State, error)
+	// Append returns once recs are durable.
+	Append(ctx context.Context, k journal.Key, recs ...journal.Record) error
+	// AppendAsync queues recs without waiting: for records whose loss in a
+	// crash costs a line of history, never a message.
+	AppendAsync(k journal.Key, recs ...journal.Record)
 }
 
 // Route is one configured source: its fresh intake, its retry intake, and the

@@ -1,0 +1,365 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/budget"
+	"handoff.dev/handoff/internal/handler"
+	"handoff.dev/handoff/internal/journal"
+)
+
+// Window names a crash window of a hand-off: a point between two durable
+// steps where a crash used to lose or duplicate work.
+type Window string
+
+const (
+	// WindowHandled: the app answered success, recorded; not yet acked.
+	WindowHandled Window = "handled-before-ack"
+	// WindowPublished: the copy was published; its confirm not yet recorded.
+	WindowPublished Window = "published-before-confirm"
+	// WindowConfirmed: the copy's confirm was recorded; not yet acked.
+	WindowConfirmed Window = "confirmed-before-ack"
+)
+
+// errCrashed stops a hand-off where a Fault said the process died.
+var errCrashed = errors.New("crashed (fault injection)")
+
+// defaultCEType is the ce-type of messages that carry none.
+const defaultCEType = "handoff.message"
+
+// handoff is the walk of one delivery through the pipeline.
+type handoff struct {
+	e     *Engine
+	r     *Route
+	d     broker.Delivery
+	msg   *broker.Message
+	retry bool
+	trail broker.Trail
+	key   journal.Key
+	log   *slog.Logger
+}
+
+func (h *handoff) run(ctx context.Context) {
+	e := h.e
+	if !h.readTrail() {
+		h.deadLetter(ctx, budget.ReasonMalformed)
+		return
+	}
+	unlock, err := e.keys.lock(ctx, h.key)
+	if err != nil {
+		e.handBack(h.d)
+		return
+	}
+	defer unlock()
+
+	st, err := e.o.Journal.State(h.key)
+	if err != nil {
+		// One unreadable history must not stop the rest: go on as if new,
+		// which at worst repeats work the journal would have saved.
+		h.log.Error("journal unreadable for this event; handling it as new", "err", err)
+		st = journal.State{}
+	}
+	if h.resume(ctx, &st) {
+		return
+	}
+	e.o.Journal.AppendAsync(h.key, journal.Record{Kind: journal.Received, Hop: h.trail.Hops})
+
+	now := e.now()
+	if h.retry && now.Before(h.trail.NextDue) {
+		// Back before its due time (it needed a longer delay than the largest
+		// tier): delay again; this is not an attempt.
+		dec := e.o.Policy.Redelay(now, h.trail.NextDue)
+		h.transfer(ctx, nil, broker.Destination{Tier: dec.Tier}, "redelay")
+		return
+	}
+	h.attempt(ctx)
+}
+
+// readTrail sets the delivery's trail and key. A copy whose handoff-*
+// headers cannot be read returns false, with a trail that explains why.
+func (h *handoff) readTrail() bool {
+	e := h.e
+	if h.retry {
+		t, err := broker.ParseTrail(h.msg.Headers)
+		if err == nil {
+			h.trail = t
+		} else {
+			id, _ := eventID(h.msg)
+			h.trail = broker.Trail{EventID: id, Origin: h.msg.Origin, ErrorClass: "malformed",
+				Error: "unreadable handoff headers: " + err.Error()}
+		}
+		h.key = journal.Key{Source: h.r.Name, EventID: h.trail.EventID, ReplayID: h.trail.ReplayID}
+		h.log = e.log.With("source", h.r.Name, "event_id", h.trail.EventID)
+		return err == nil
+	}
+	id, hashed := eventID(h.msg)
+	// Headers a producer set under handoff-* are never read on a message's
+	// first entry: the trail starts here.
+	h.trail = broker.Trail{EventID: id, Origin: h.msg.Origin}
+	h.key = journal.Key{Source: h.r.Name, EventID: id}
+	h.log = e.log.With("source", h.r.Name, "event_id", id)
+	if hashed {
+		h.log.Warn("message has no id: using a content hash as its event id")
+	}
+	return true
+}
+
+// resume settles or finishes a delivery that the journal says was dealt with
+// before — a redelivery after a crash, a lost ack, a duplicate copy — and
+// reports whether it did. Otherwise the delivery is new work.
+func (h *handoff) resume(ctx context.Context, st *journal.State) bool {
+	if !st.Found {
+		return false
+	}
+	hop := h.trail.Hops
+	switch {
+	case st.Hop > hop || (st.Copy != nil && st.Copy.Hop > hop+1):
+		h.settleDuplicate("a later copy of this event exists")
+	case st.Copy != nil && st.Copy.Hop == hop+1 && st.Copy.Confirmed:
+		h.settleDuplicate("its copy to " + st.Copy.Dest + " was already confirmed")
+	case st.Copy != nil && st.Copy.Hop == hop+1:
+		// The copy was being published when the process stopped: publish it
+		// again, exactly; the retry consumer drops whichever comes second.
+		dest, err := broker.ParseDestination(st.Copy.Dest)
+		if err != nil {
+			h.log.Error("journal names an unknown destination; handling the message as new", "dest", st.Copy.Dest)
+			return false
+		}
+		h.log.Info("publishing an unconfirmed copy again", "to", dest, "attempt", st.Copy.Attempt)
+		h.transfer(ctx, st.Copy.Trail, dest, "unconfirmed copy")
+	case st.Hop == hop && st.Handled():
+		h.settleDuplicate("the app already handled it")
+	case st.Hop == hop && st.HopAttempt > 0:
+		// The attempt started here and its answer is not recorded (the
+		// process stopped during the call), or it failed and no copy was
+		// begun. Decide on what is known; the next call says redelivered.
+		t := &h.trail
+		t.Attempt = st.HopAttempt
+		if t.FirstAttemptAt.IsZero() {
+			t.FirstAttemptAt = st.FirstAttemptAt
+			t.Deadline = h.e.o.Policy.DeadlineFor(st.FirstAttemptAt, time.Time{})
+		}
+		res := handler.Result{Outcome: budget.Unknown, Detail: "the sidecar stopped during this attempt; its outcome is unknown"}
+		if st.HopOutcome != 0 {
+			res = handler.Result{Outcome: budget.Outcome(st.HopOutcome), Detail: st.HopDetail}
+		}
+		h.log.Info("resuming an interrupted hand-off", "attempt", st.HopAttempt, "outcome", res.Outcome)
+		h.decide(ctx, st.HopAttempt, res, false)
+	default:
+		return false
+	}
+	return true
+}
+
+// attempt calls the app until it answers (holding while it is unreachable)
+// and carries out the decision.
+func (h *handoff) attempt(ctx context.Context) {
+	e, p, t := h.e, h.e.o.Policy, &h.trail
+	for {
+		now := e.now()
+		if t.FirstAttemptAt.IsZero() {
+			t.FirstAttemptAt = now
+			t.Deadline = p.DeadlineFor(now, time.Time{})
+		}
+		if !p.CanAttempt(now, t.Deadline) {
+			h.deadLetter(ctx, budget.ReasonDeadline)
+			return
+		}
+		req := handler.Request{
+			Message:     h.msg,
+			EventID:     t.EventID,
+			Source:      h.r.CESource,
+			Type:        defaultCEType,
+			Attempt:     t.Attempt + 1,
+			Deadline:    t.Deadline,
+			Redelivered: h.msg.Redelivered || t.ErrorClass == budget.Unknown.String(),
+			ReplayID:    t.ReplayID,
+			Timeout:     min(e.o.Timeout, t.Deadline.Sub(now)),
+		}
+		e.o.Journal.AppendAsync(h.key, journal.Record{Kind: journal.Attempt, At: now, Hop: t.Hops, Attempt: req.Attempt})
+		res := e.o.Handler.Deliver(ctx, &req)
+		if ctx.Err() != nil {
+			// Shutdown cut the call short: its result says nothing about the app.
+			h.handBack()
+			return
+		}
+		if res.Outcome == budget.Unreachable {
+			e.gate.hold(ctx)
+			select {
+			case <-ctx.Done():
+				h.handBack()
+				return
+			case <-h.d.Lost():
+				h.log.Warn("delivery lost while the app was unreachable; the broker redelivers it")
+				return
+			case <-waitGate(ctx, e.gate):
+			}
+			continue
+		}
+		h.decide(ctx, req.Attempt, res, true)
+		return
+	}
+}
+
+func waitGate(ctx context.Context, g *gate) <-chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.opened
+}
+
+// decide turns the answer to attempt into an action and carries it out.
+// record says whether the answer is new (and so goes in the journal).
+func (h *handoff) decide(ctx context.Context, attempt int, res handler.Result, record bool) {
+	e, t := h.e, &h.trail
+	now := e.now()
+	dec := e.o.Policy.Decide(budget.Input{
+		Outcome:        res.Outcome,
+		Attempt:        attempt,
+		Defers:         t.Defers,
+		FirstAttemptAt: t.FirstAttemptAt,
+		Deadline:       t.Deadline,
+		RetryAfter:     res.RetryAfter,
+		Now:            now,
+	})
+	t.Attempt = attempt
+	if res.Outcome == budget.Defer {
+		t.Defers++
+	}
+	if res.Outcome != budget.Success && res.Outcome != budget.Drop {
+		if t.FirstFailureAt.IsZero() {
+			t.FirstFailureAt = now
+		}
+		t.ErrorClass = res.Outcome.String()
+		t.Error = res.Detail
+	}
+	h.log.Debug("attempt", "attempt", attempt, "outcome", res.Outcome, "status", res.Status,
+		"latency", res.Latency, "action", dec.Action)
+	var outcome []journal.Record
+	if record {
+		outcome = []journal.Record{{Kind: journal.Outcome, At: now, Hop: t.Hops, Attempt: attempt,
+			Outcome: uint8(res.Outcome), Status: res.Status, Latency: res.Latency, Detail: res.Detail}}
+	}
+	switch dec.Action {
+	case budget.Ack:
+		// Handled: written down before the ack, so a redelivery after a
+		// crash here is settled without calling the app again.
+		if err := e.o.Journal.Append(ctx, h.key, outcome...); err != nil && ctx.Err() == nil {
+			h.log.Error("journal write failed; acking anyway (the app has the message)", "err", err)
+		}
+		if res.Outcome == budget.Drop {
+			h.log.Info("app dropped message", "attempt", attempt)
+		}
+		if h.fault(WindowHandled) {
+			return
+		}
+		h.settle("handled")
+	case budget.Delay:
+		t.NextDue = dec.Due
+		h.transfer(ctx, nil, broker.Destination{Tier: dec.Tier}, "retry", outcome...)
+	case budget.DeadLetter:
+		h.deadLetter(ctx, dec.Reason, outcome...)
+	default:
+		h.log.Error("no action for outcome; handing message back", "outcome", res.Outcome)
+		h.handBack()
+	}
+}
+
+func (h *handoff) deadLetter(ctx context.Context, reason budget.Reason, before ...journal.Record) {
+	h.trail.DeadReason = string(reason)
+	h.trail.NextDue = time.Time{}
+	h.log.Info("dead-lettering", "reason", reason, "attempt", h.trail.Attempt, "error", h.trail.Error)
+	h.transfer(ctx, nil, broker.Destination{DeadLetter: true}, "dead-letter", before...)
+}
+
+// Transfer backoff bounds: a failing transfer is retried for as long as the
+// delivery is in hand.
+const (
+	transferBackoffMin = 100 * time.Millisecond
+	transferBackoffMax = 5 * time.Second
+)
+
+// transfer makes the next hop's copy and settles this one: journal
+// TRANSFERRING (with before, in the same commit), publish and wait for the
+// broker's confirm, journal TRANSFERRED, and only then ack. trail, when not
+// nil, is a copy's recorded headers to publish again exactly.
+func (h *handoff) transfer(ctx context.Context, trail broker.Headers, dest broker.Destination, why string, before ...journal.Record) {
+	e := h.e
+	next := h.trail.Hops + 1
+	if trail == nil {
+		copyTrail := h.trail
+		copyTrail.Hops = next
+		trail = copyTrail.Headers()
+		// The copy is written down before it exists: after a crash the
+		// journal says it may exist, and it is published again.
+		recs := append(before, journal.Record{Kind: journal.Transferring, Hop: next, Attempt: copyTrail.Attempt,
+			Dest: dest.String(), Detail: why, Trail: trail})
+		if err := e.o.Journal.Append(ctx, h.key, recs...); err != nil {
+			if ctx.Err() != nil {
+				h.handBack()
+				return
+			}
+			h.log.Error("journal write failed; publishing the copy anyway", "err", err)
+		}
+	}
+	backoff := transferBackoffMin
+	for {
+		err := h.r.Transfer.Transfer(ctx, dest, h.msg, trail)
+		if err == nil {
+			break
+		}
+		// Ack only after the copy is confirmed: acking first loses the
+		// message if the copy never arrives.
+		h.log.Warn("transfer failed; source message stays unacked", "to", dest, "why", why, "err", err, "retry_in", backoff)
+		select {
+		case <-ctx.Done():
+			h.handBack()
+			return
+		case <-h.d.Lost():
+			h.log.Warn("delivery lost before its copy was transferred; the broker redelivers it")
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, transferBackoffMax)
+	}
+	if h.fault(WindowPublished) {
+		return
+	}
+	if err := e.o.Journal.Append(ctx, h.key, journal.Record{Kind: journal.Transferred, Hop: next, Dest: dest.String()}); err != nil && ctx.Err() == nil {
+		h.log.Error("journal write failed; acking anyway (the copy is confirmed)", "err", err)
+	}
+	if h.fault(WindowConfirmed) {
+		return
+	}
+	h.settle("transferred to " + dest.String())
+}
+
+// fault reports whether a test fault stopped the hand-off at w.
+func (h *handoff) fault(w Window) bool {
+	if f := h.e.o.Fault; f != nil && f(w, h.key) != nil {
+		h.log.Warn("stopped by fault injection", "window", w)
+		return true
+	}
+	return false
+}
+
+func (h *handoff) settle(why string) {
+	if err := h.d.Ack(); err != nil {
+		h.log.Warn("ack failed; the broker will redeliver", "err", err)
+		return
+	}
+	h.e.o.Journal.AppendAsync(h.key, journal.Record{Kind: journal.Settled, Hop: h.trail.Hops, Detail: why})
+}
+
+func (h *handoff) settleDuplicate(why string) {
+	h.log.Info("settling a redelivery without calling the app", "hop", h.trail.Hops, "why", why)
+	h.settle("duplicate: " + why)
+}
+
+func (h *handoff) handBack() {
+	h.e.handBack(h.d)
+	h.e.o.Journal.AppendAsync(h.key, journal.Record{Kind: journal.Released, Hop: h.trail.Hops})
+}

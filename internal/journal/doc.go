@@ -1,0 +1,28 @@
+// Package journal is the hand-off journal: every state change of a hand-off
+// is a record in a bbolt file, so that after a crash the sidecar knows, for
+// each redelivered message, whether the app already handled it and whether a
+// retry or dead-letter copy was already confirmed — and an operator can read
+// the whole story of any event.
+//
+// A hand-off is keyed by (source, event id, replay id). Its records form a
+// timeline:
+//
+//	RECEIVED(hop) → ATTEMPT n → OUTCOME n → TRANSFERRING(hop+1, dest) → TRANSFERRED → SETTLED
+//	                                   └─ (success or drop) ───────────────────────→ SETTLED
+//
+// A hop is one delivery of the message: the original (hop 0) and each copy
+// the sidecar made (hop 1, 2, …, carried in the copy's handoff-hops header).
+//
+// Writes are group-committed: one goroutine batches records from every caller
+// into one bbolt transaction (one fsync), and Append returns once the batch
+// holding its records is durable. AppendAsync queues records without waiting.
+//
+// # Caveats
+//
+// With Sync set to None the file is not fsynced: a machine crash (not a
+// process crash) can lose the last records. A record lost that way costs a
+// duplicate, never a message: the broker still holds every unacked message.
+//
+// The journal is local to one sidecar. It narrows duplicates and explains
+// them; it does not replace idempotent handlers.
+package journal

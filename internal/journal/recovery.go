@@ -1,0 +1,133 @@
+package journal
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Recovery is what Open found that a previous run left open: hand-offs whose
+// delivery was never settled, by the phase they stopped in. Each resumes from
+// there when the broker redelivers its message.
+type Recovery struct {
+	Open int
+	// Received: taken, no attempt recorded.
+	Received int
+	// InCall: an attempt started and never ended (the process stopped during
+	// the call); its outcome is unknown.
+	InCall int
+	// Handled: the app succeeded; the ack may not have reached the broker.
+	Handled int
+	// Unconfirmed: a copy was being published, its confirm not recorded; it
+	// is published again.
+	Unconfirmed int
+	// Confirmed: the copy was confirmed; the source ack may be missing.
+	Confirmed int
+	// Failed: an attempt failed and no copy was started.
+	Failed int
+}
+
+func (r Recovery) String() string {
+	return fmt.Sprintf("%d open: %d received, %d in a call, %d handled not acked, %d copy unconfirmed, %d copy confirmed not acked, %d failed without a copy",
+		r.Open, r.Received, r.InCall, r.Handled, r.Unconfirmed, r.Confirmed, r.Failed)
+}
+
+// outcomeSuccess and outcomeDrop are budget.Success and budget.Drop; the
+// journal stores outcomes as numbers and only needs to know these two.
+const (
+	outcomeSuccess = 1
+	outcomeDrop    = 7
+)
+
+// Handled reports whether the hop's attempt succeeded or was dropped.
+func (s *State) Handled() bool {
+	return s.HopAttempt > 0 && (s.HopOutcome == outcomeSuccess || s.HopOutcome == outcomeDrop)
+}
+
+// verify prepares the buckets, checks the file's structure and every open
+// hand-off's records, and counts what was left open.
+func (j *Journal) verify() (Recovery, error) {
+	var rec Recovery
+	err := j.db.Update(func(tx *bolt.Tx) error {
+		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+		if err != nil {
+			return err
+		}
+		if v := meta.Get(metaFormat); v == nil {
+			if err := meta.Put(metaFormat, binary.BigEndian.AppendUint32(nil, formatVersion)); err != nil {
+				return err
+			}
+		} else if len(v) != 4 || binary.BigEndian.Uint32(v) != formatVersion {
+			return fmt.Errorf("journal format %x, this build reads format %d", v, formatVersion)
+		}
+		for _, b := range [][]byte{bucketSteps, bucketOpen, bucketSettled} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return rec, err
+	}
+	if err := j.check(); err != nil {
+		return rec, err
+	}
+	var keys []Key
+	err = j.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketOpen).ForEach(func(k, _ []byte) error {
+			key, rest, err := decodeKey(k)
+			if err != nil || len(rest) != 0 {
+				return fmt.Errorf("%w: open key", ErrCorrupt)
+			}
+			keys = append(keys, key)
+			return nil
+		})
+	})
+	if err != nil {
+		return rec, err
+	}
+	for _, k := range keys {
+		s, err := j.State(k)
+		if err != nil {
+			return rec, fmt.Errorf("hand-off %s: %w", k, err)
+		}
+		rec.Open++
+		switch {
+		case s.Copy != nil && s.Copy.Hop > s.Hop && s.Copy.Confirmed:
+			rec.Confirmed++
+		case s.Copy != nil && s.Copy.Hop > s.Hop:
+			rec.Unconfirmed++
+		case s.Handled():
+			rec.Handled++
+		case s.HopAttempt > 0 && s.HopOutcome == 0:
+			rec.InCall++
+		case s.HopAttempt > 0:
+			rec.Failed++
+		default:
+			rec.Received++
+		}
+	}
+	return rec, nil
+}
+
+// check runs bbolt's consistency check over the whole file.
+func (j *Journal) check() (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("consistency check: %v", r)
+		}
+	}()
+	return j.db.View(func(tx *bolt.Tx) error {
+		var errs []error
+		for e := range tx.Check() {
+			errs = append(errs, e)
+			if len(errs) == 10 {
+				break
+			}
+		}
+		return errors.Join(errs...)
+	})
+}

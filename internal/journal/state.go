@@ -1,0 +1,91 @@
+package journal
+
+import (
+	"bytes"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// State is what the journal knows of a hand-off: enough for dispatch to tell
+// a redelivery it has already dealt with from new work.
+type State struct {
+	Found bool
+	// Hop is the latest hop received.
+	Hop            int
+	FirstAttemptAt time.Time
+	// Attempts is the highest attempt number started.
+	Attempts int
+	// HopAttempt is the attempt started in hop Hop (0: none); HopOutcome its
+	// outcome (0: none recorded — the call was cut off).
+	HopAttempt int
+	HopOutcome uint8
+	HopDetail  string
+	// Copy is the latest copy written (nil: none).
+	Copy *Copy
+	// Settled: the delivery of hop Hop was acked.
+	Settled bool
+	// Last is the latest record.
+	Last Record
+}
+
+// Copy is a retry or dead-letter copy as the journal recorded it.
+type Copy struct {
+	Hop       int
+	Dest      string
+	Attempt   int
+	Trail     map[string]string
+	Confirmed bool
+}
+
+// apply folds one record into s.
+func (s *State) apply(r Record) {
+	s.Found = true
+	s.Last = r
+	switch r.Kind {
+	case Received:
+		if r.Hop > s.Hop {
+			s.Hop, s.HopAttempt, s.HopOutcome, s.HopDetail, s.Settled = r.Hop, 0, 0, "", false
+		}
+	case Attempt:
+		s.Attempts = max(s.Attempts, r.Attempt)
+		if r.Hop == s.Hop {
+			s.HopAttempt, s.HopOutcome, s.HopDetail = r.Attempt, 0, ""
+		}
+		if s.FirstAttemptAt.IsZero() {
+			s.FirstAttemptAt = r.At
+		}
+	case Outcome:
+		if r.Hop == s.Hop && r.Attempt == s.HopAttempt {
+			s.HopOutcome, s.HopDetail = r.Outcome, r.Detail
+		}
+	case Transferring:
+		s.Copy = &Copy{Hop: r.Hop, Dest: r.Dest, Attempt: r.Attempt, Trail: r.Trail}
+	case Transferred:
+		if s.Copy != nil && s.Copy.Hop == r.Hop {
+			s.Copy.Confirmed = true
+		}
+	case Settled:
+		if r.Hop == s.Hop {
+			s.Settled = true
+		}
+	}
+}
+
+// State reads the state of hand-off k.
+func (j *Journal) State(k Key) (State, error) {
+	var s State
+	prefix := k.encode(nil)
+	err := j.db.View(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketSteps).Cursor()
+		for key, v := c.Seek(prefix); key != nil && bytes.HasPrefix(key, prefix) && len(key) == len(prefix)+8; key, v = c.Next() {
+			r, err := Decode(v)
+			if err != nil {
+				return err
+			}
+			s.apply(r)
+		}
+		return nil
+	})
+	return s, err
+}
