@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"crypto/rand"
 	"encoding/hex"
 	"io"
@@ -259,6 +260,11 @@ type sidecar struct {
 
 func startSidecar(t *testing.T, cfg config.Config) *sidecar {
 	t.Helper()
+	return startSidecarWith(t, cfg, hooks{})
+}
+
+func startSidecarWith(t *testing.T, cfg config.Config, hk hooks) *sidecar {
+	t.Helper()
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("test config invalid: %v", err)
 	}
@@ -270,7 +276,8 @@ func startSidecar(t *testing.T, cfg config.Config) *sidecar {
 		cfg.Journal.Path = filepath.Join(t.TempDir(), "handoff.db")
 	}
 	addr := make(chan string, 1)
-	go func() { s.done <- serve(ctx, cfg, log, func(a string) { addr <- a }) }()
+	hk.healthAddr = func(a string) { addr <- a }
+	go func() { s.done <- serve(ctx, cfg, log, hk) }()
 	t.Cleanup(func() { s.stop(t) })
 	// The sidecar is up once /readyz says every connection is.
 	var health string
@@ -305,18 +312,23 @@ func exists(conn *amqp.Connection, queue string) bool {
 
 func (s *sidecar) stop(t *testing.T) {
 	t.Helper()
+	if err := s.halt(); err != nil {
+		t.Errorf("sidecar: %v", err)
+	}
+}
+
+// halt stops the sidecar and returns what serve returned.
+func (s *sidecar) halt() error {
 	if s.cancel == nil {
-		return
+		return nil
 	}
 	s.cancel()
 	s.cancel = nil
 	select {
 	case err := <-s.done:
-		if err != nil {
-			t.Errorf("sidecar: %v", err)
-		}
+		return err
 	case <-time.After(30 * time.Second):
-		t.Error("sidecar did not stop within 30s")
+		return errors.New("sidecar did not stop within 30s")
 	}
 }
 

@@ -37,7 +37,7 @@ func runCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return serve(cmd.Context(), cfg, log, nil)
+			return serve(cmd.Context(), cfg, log, hooks{})
 		},
 	}
 	cmd.Flags().StringVarP(&path, "config", "c", "", "config file (required)")
@@ -80,11 +80,21 @@ func policyFrom(r config.Retry) *budget.Policy {
 	}
 }
 
+// hooks let tests watch and break a running sidecar; the zero value is
+// production.
+type hooks struct {
+	// healthAddr is told the health server's bound address.
+	healthAddr func(string)
+	// fault is the engine's crash-window hook (dispatch.Options.Fault).
+	fault func(dispatch.Window, journal.Key) error
+	// beforeCommit is the journal writer's hook (journal.Options.BeforeCommit).
+	beforeCommit func(records int) error
+}
+
 // serve runs the sidecar until ctx is done, then shuts down in order: not
 // ready → stop intake → finish or hand back in-flight → close broker
-// connections → stop the health server. healthAddr, when not nil, is told
-// the health server's bound address.
-func serve(ctx context.Context, cfg config.Config, log *slog.Logger, healthAddr func(string)) error {
+// connections → stop the health server → close the journal.
+func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) error {
 	policy := policyFrom(cfg.Retry)
 	classifier, err := handler.NewClassifier(cfg.Outcomes.HTTP)
 	if err != nil {
@@ -103,8 +113,9 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, healthAddr 
 	syncMode, _ := journal.ParseSyncMode(cfg.Journal.Sync)
 	jr, recovered, err := journal.Open(cfg.Journal.Path, journal.Options{
 		Sync:      syncMode,
-		Retention: cfg.Journal.Retention.D(),
-		Logger:    log,
+		Retention:    cfg.Journal.Retention.D(),
+		Logger:       log,
+		BeforeCommit: hk.beforeCommit,
 	})
 	if err != nil {
 		return fmt.Errorf("open journal: %w", err)
@@ -173,6 +184,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, healthAddr 
 		MaxConcurrency: cfg.Handler.MaxConcurrency,
 		DrainTimeout:   cfg.Shutdown.DrainTimeout.D(),
 		Logger:         log,
+		Fault:          hk.fault,
 	})
 	checks = append(checks, telemetry.Check{Name: "app", Ready: engine.Ready})
 
@@ -199,8 +211,8 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, healthAddr 
 			return err
 		}
 		log.Info("health endpoints listening", "addr", hs.Addr())
-		if healthAddr != nil {
-			healthAddr(hs.Addr())
+		if hk.healthAddr != nil {
+			hk.healthAddr(hs.Addr())
 		}
 		wg.Add(1)
 		go func() {

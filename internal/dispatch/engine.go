@@ -45,6 +45,10 @@ type Engine struct {
 	gate    *gate
 	keys    *keyLocks
 	workers sync.WaitGroup
+
+	fatalMu    sync.Mutex
+	fatal      error
+	stopIntake context.CancelFunc
 }
 
 // New returns an engine.
@@ -67,6 +71,9 @@ func New(o Options) *Engine {
 
 // Ready reports why the engine cannot make progress now, or nil.
 func (e *Engine) Ready() error {
+	if err := e.fatalErr(); err != nil {
+		return err
+	}
 	if e.gate.isHeld() {
 		return errors.New("app unreachable")
 	}
@@ -82,6 +89,9 @@ func (e *Engine) Run(ctx context.Context) error {
 	defer cancelWork()
 	intake, stopIntake := context.WithCancel(ctx)
 	defer stopIntake()
+	e.fatalMu.Lock()
+	e.stopIntake = stopIntake
+	e.fatalMu.Unlock()
 
 	var wg sync.WaitGroup
 	errs := make(chan error, 2*len(e.o.Routes))
@@ -119,12 +129,37 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 	cancelWork()
 	e.gate.close()
+	if err := e.fatalErr(); err != nil {
+		return err
+	}
 	select {
 	case err := <-errs:
 		return err
 	default:
 		return nil
 	}
+}
+
+// fail stops the engine as a crash would: intake stops, hand-offs stop where
+// they are, and Run returns err. Deliveries left unsettled go back to the
+// broker when its connection closes.
+func (e *Engine) fail(err error) {
+	e.fatalMu.Lock()
+	defer e.fatalMu.Unlock()
+	if e.fatal != nil {
+		return
+	}
+	e.fatal = err
+	e.log.Error("stopping: the hand-off cannot continue safely", "err", err)
+	if e.stopIntake != nil {
+		e.stopIntake()
+	}
+}
+
+func (e *Engine) fatalErr() error {
+	e.fatalMu.Lock()
+	defer e.fatalMu.Unlock()
+	return e.fatal
 }
 
 // admit waits for the gate and a concurrency slot, then processes d on its

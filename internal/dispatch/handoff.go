@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -66,9 +67,9 @@ func (h *handoff) run(ctx context.Context) {
 	if h.resume(ctx, &st) {
 		return
 	}
-	e.o.Journal.AppendAsync(h.key, journal.Record{Kind: journal.Received, Hop: h.trail.Hops})
-
 	now := e.now()
+	e.o.Journal.AppendAsync(h.key, journal.Record{Kind: journal.Received, At: now, Hop: h.trail.Hops})
+
 	if h.retry && now.Before(h.trail.NextDue) {
 		// Back before its due time (it needed a longer delay than the largest
 		// tier): delay again; this is not an attempt.
@@ -247,8 +248,8 @@ func (h *handoff) decide(ctx context.Context, attempt int, res handler.Result, r
 	case budget.Ack:
 		// Handled: written down before the ack, so a redelivery after a
 		// crash here is settled without calling the app again.
-		if err := e.o.Journal.Append(ctx, h.key, outcome...); err != nil && ctx.Err() == nil {
-			h.log.Error("journal write failed; acking anyway (the app has the message)", "err", err)
+		if !h.journal(ctx, outcome...) {
+			return
 		}
 		if res.Outcome == budget.Drop {
 			h.log.Info("app dropped message", "attempt", attempt)
@@ -287,7 +288,6 @@ const (
 // broker's confirm, journal TRANSFERRED, and only then ack. trail, when not
 // nil, is a copy's recorded headers to publish again exactly.
 func (h *handoff) transfer(ctx context.Context, trail broker.Headers, dest broker.Destination, why string, before ...journal.Record) {
-	e := h.e
 	next := h.trail.Hops + 1
 	if trail == nil {
 		copyTrail := h.trail
@@ -297,12 +297,8 @@ func (h *handoff) transfer(ctx context.Context, trail broker.Headers, dest broke
 		// journal says it may exist, and it is published again.
 		recs := append(before, journal.Record{Kind: journal.Transferring, Hop: next, Attempt: copyTrail.Attempt,
 			Dest: dest.String(), Detail: why, Trail: trail})
-		if err := e.o.Journal.Append(ctx, h.key, recs...); err != nil {
-			if ctx.Err() != nil {
-				h.handBack()
-				return
-			}
-			h.log.Error("journal write failed; publishing the copy anyway", "err", err)
+		if !h.journal(ctx, recs...) {
+			return
 		}
 	}
 	backoff := transferBackoffMin
@@ -328,13 +324,32 @@ func (h *handoff) transfer(ctx context.Context, trail broker.Headers, dest broke
 	if h.fault(WindowPublished) {
 		return
 	}
-	if err := e.o.Journal.Append(ctx, h.key, journal.Record{Kind: journal.Transferred, Hop: next, Dest: dest.String()}); err != nil && ctx.Err() == nil {
-		h.log.Error("journal write failed; acking anyway (the copy is confirmed)", "err", err)
+	if !h.journal(ctx, journal.Record{Kind: journal.Transferred, Hop: next, Dest: dest.String()}) {
+		return
 	}
 	if h.fault(WindowConfirmed) {
 		return
 	}
 	h.settle("transferred to " + dest.String())
+}
+
+// journal appends recs and waits for them to be durable. When that fails the
+// crash-safety this walk depends on is gone: the engine stops, as a crash
+// would, and the delivery stays unsettled for the broker to redeliver.
+func (h *handoff) journal(ctx context.Context, recs ...journal.Record) bool {
+	if len(recs) == 0 {
+		return true
+	}
+	err := h.e.o.Journal.Append(ctx, h.key, recs...)
+	switch {
+	case err == nil:
+		return true
+	case ctx.Err() != nil:
+		h.handBack()
+	default:
+		h.e.fail(fmt.Errorf("journal: %w", err))
+	}
+	return false
 }
 
 // fault reports whether a test fault stopped the hand-off at w.

@@ -1,0 +1,236 @@
+package main
+
+import (
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"handoff.dev/handoff/internal/broker/rabbitmq"
+	"handoff.dev/handoff/internal/config"
+	"handoff.dev/handoff/internal/dispatch"
+	"handoff.dev/handoff/internal/journal"
+)
+
+// Each crash window of DESIGN §2 gets a test: the sidecar stops right there
+// (a fault hook ends the hand-off as a crash would, then the process is
+// stopped without it settling), restarts on the same journal, and the
+// redelivered message must come out right. Without the journal each of these
+// tests fails: a second app call, a second copy, or no crash at all.
+
+var errCrash = errors.New("crash")
+
+// crashOnce returns a fault hook that fires once, at w.
+func crashOnce(w dispatch.Window) (func(dispatch.Window, journal.Key) error, *atomic.Bool) {
+	var fired atomic.Bool
+	return func(at dispatch.Window, _ journal.Key) error {
+		if at == w && fired.CompareAndSwap(false, true) {
+			return errCrash
+		}
+		return nil
+	}, &fired
+}
+
+// crashConfig is testConfig with a journal that survives the restart.
+func crashConfig(t *testing.T, appURL, q string) config.Config {
+	cfg := testConfig(appURL, q, tier)
+	cfg.Journal.Path = filepath.Join(t.TempDir(), "handoff.db")
+	cfg.Shutdown.DrainTimeout = config.Duration(time.Second)
+	return cfg
+}
+
+// timeline reads one event's records from the (closed) journal.
+func timeline(t *testing.T, path, source, id string) []journal.Step {
+	t.Helper()
+	j, _, err := journal.Open(path, journal.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	steps, err := j.Timeline(journal.Key{Source: source, EventID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return steps
+}
+
+func hasStep(steps []journal.Step, kind journal.Kind, detail string) bool {
+	for _, s := range steps {
+		if s.Kind == kind && strings.Contains(s.Detail, detail) {
+			return true
+		}
+	}
+	return false
+}
+
+// After the app answered 2xx and the journal recorded it, before the ack.
+func TestCrashAfterSuccessBeforeAck(t *testing.T) {
+	t.Parallel()
+	conn := dialRabbit(t)
+	q := testQueue(t, conn, []time.Duration{tier})
+	a := newApp(t, status(http.StatusOK))
+	cfg := crashConfig(t, a.url(), q)
+	fault, fired := crashOnce(dispatch.WindowHandled)
+	s := startSidecarWith(t, cfg, hooks{fault: fault})
+
+	publish(t, conn, q, publishing{MessageId: "c-1", Body: []byte("x")})
+	waitFor(t, 10*time.Second, "the crash", fired.Load)
+	s.stop(t)
+	waitFor(t, 5*time.Second, "the unacked message back in the queue", func() bool { return depth(t, conn, q) == 1 })
+
+	s = startSidecar(t, cfg)
+	waitFor(t, 10*time.Second, "the redelivery settled", func() bool { return depth(t, conn, q) == 0 })
+	time.Sleep(200 * time.Millisecond)
+	s.stop(t)
+	if got := depth(t, conn, q); got != 0 {
+		t.Fatalf("source holds %d after the restart, want 0", got)
+	}
+	if n := len(a.callsFor("c-1")); n != 1 {
+		t.Errorf("app called %d times, want 1: the journal said HANDLED", n)
+	}
+	if steps := timeline(t, cfg.Journal.Path, "test", "c-1"); !hasStep(steps, journal.Settled, "already handled") {
+		t.Errorf("journal does not show the redelivery settled as handled: %+v", steps)
+	}
+}
+
+// After a retry copy was published and confirmed by the broker, before the
+// journal recorded the confirm: the copy is published again, and the retry
+// consumer drops the second one without calling the app.
+func TestCrashAfterPublishBeforeConfirm(t *testing.T) {
+	t.Parallel()
+	conn := dialRabbit(t)
+	q := testQueue(t, conn, []time.Duration{tier})
+	a := newApp(t, func(w http.ResponseWriter, _ call, prior []call) {
+		if len(prior) == 0 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	cfg := crashConfig(t, a.url(), q)
+	fault, fired := crashOnce(dispatch.WindowPublished)
+	s := startSidecarWith(t, cfg, hooks{fault: fault})
+
+	publish(t, conn, q, publishing{MessageId: "c-2", Body: []byte("x")})
+	waitFor(t, 10*time.Second, "the crash", fired.Load)
+	s.stop(t)
+
+	s = startSidecar(t, cfg)
+	waitFor(t, 15*time.Second, "the retry", func() bool { return len(a.callsFor("c-2")) >= 2 })
+	// Both copies (the one published before the crash and the one published
+	// again after it) come back through the retry queue.
+	retry := rabbitmq.RetryQueue(q)
+	tierQ := rabbitmq.TierQueue(q, tier)
+	waitFor(t, 10*time.Second, "both copies consumed", func() bool {
+		return depth(t, conn, tierQ) == 0 && depth(t, conn, retry) == 0 && depth(t, conn, q) == 0
+	})
+	time.Sleep(3 * tier)
+	s.stop(t)
+	if n := len(a.callsFor("c-2")); n != 2 {
+		t.Errorf("app called %d times, want 2 (attempt 1, then one retry): the second copy must be dropped", n)
+	}
+	steps := timeline(t, cfg.Journal.Path, "test", "c-2")
+	transferring := 0
+	for _, st := range steps {
+		if st.Kind == journal.Transferring {
+			transferring++
+		}
+	}
+	if transferring != 1 || !hasStep(steps, journal.Settled, "duplicate") {
+		t.Errorf("journal should show one copy recorded and a duplicate settled: %+v", steps)
+	}
+	if n := depth(t, conn, rabbitmq.DeadLetterQueue(q)); n != 0 {
+		t.Errorf("DLQ holds %d, want 0", n)
+	}
+}
+
+// After the DLQ copy was confirmed and recorded, before the source ack: the
+// redelivery is settled without a second DLQ copy.
+func TestCrashAfterConfirmBeforeAck(t *testing.T) {
+	t.Parallel()
+	conn := dialRabbit(t)
+	q := testQueue(t, conn, []time.Duration{tier})
+	a := newApp(t, status(http.StatusUnprocessableEntity))
+	cfg := crashConfig(t, a.url(), q)
+	fault, fired := crashOnce(dispatch.WindowConfirmed)
+	s := startSidecarWith(t, cfg, hooks{fault: fault})
+
+	publish(t, conn, q, publishing{MessageId: "c-3", Body: []byte("x")})
+	waitFor(t, 10*time.Second, "the crash", fired.Load)
+	s.stop(t)
+	waitFor(t, 5*time.Second, "the unacked message back in the queue", func() bool { return depth(t, conn, q) == 1 })
+
+	s = startSidecar(t, cfg)
+	waitFor(t, 10*time.Second, "the redelivery settled", func() bool { return depth(t, conn, q) == 0 })
+	time.Sleep(200 * time.Millisecond)
+	s.stop(t)
+	copies := drain(t, conn, rabbitmq.DeadLetterQueue(q))
+	if len(copies) != 1 {
+		t.Errorf("DLQ holds %d copies, want exactly 1", len(copies))
+	}
+	if n := len(a.callsFor("c-3")); n != 1 {
+		t.Errorf("app called %d times, want 1", n)
+	}
+	if got := depth(t, conn, q); got != 0 {
+		t.Errorf("source holds %d, want 0", got)
+	}
+}
+
+// The journal writer fails in the middle of a batch (the process dies before
+// the commit): the sidecar stops itself rather than go on without its
+// journal; after a restart the message is handled, never lost.
+func TestCrashMidJournalBatch(t *testing.T) {
+	t.Parallel()
+	conn := dialRabbit(t)
+	q := testQueue(t, conn, []time.Duration{tier})
+	var armed atomic.Bool
+	var once sync.Once
+	fired := make(chan struct{})
+	a := newApp(t, func(w http.ResponseWriter, _ call, _ []call) {
+		armed.Store(true) // the next commit — this answer's — dies mid-batch
+		w.WriteHeader(http.StatusOK)
+	})
+	cfg := crashConfig(t, a.url(), q)
+	s := startSidecarWith(t, cfg, hooks{beforeCommit: func(int) error {
+		if armed.Load() {
+			once.Do(func() { close(fired) })
+			return errCrash
+		}
+		return nil
+	}})
+
+	publish(t, conn, q, publishing{MessageId: "c-4", Body: []byte("x")})
+	select {
+	case <-fired:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the journal writer never committed after the app answered")
+	}
+	if err := s.halt(); err == nil || !strings.Contains(err.Error(), "journal") {
+		t.Fatalf("sidecar returned %v, want it to stop on the journal failure", err)
+	}
+	waitFor(t, 5*time.Second, "the unacked message back in the queue", func() bool { return depth(t, conn, q) == 1 })
+
+	armed.Store(false)
+	s = startSidecar(t, cfg)
+	waitFor(t, 15*time.Second, "the message handled after the restart", func() bool {
+		return depth(t, conn, q) == 0 && depth(t, conn, rabbitmq.RetryQueue(q)) == 0 &&
+			depth(t, conn, rabbitmq.TierQueue(q, tier)) == 0 && len(a.callsFor("c-4")) >= 2
+	})
+	s.stop(t)
+	calls := a.callsFor("c-4")
+	if len(calls) != 2 {
+		t.Errorf("app called %d times, want 2: the first answer was never made durable", len(calls))
+	}
+	if got := calls[len(calls)-1].Header.Get("Handoff-Redelivered"); got != "true" {
+		t.Errorf("the call after the crash says Handoff-Redelivered %q, want true", got)
+	}
+	if n := depth(t, conn, rabbitmq.DeadLetterQueue(q)); n != 0 {
+		t.Errorf("DLQ holds %d, want 0", n)
+	}
+}
