@@ -6,6 +6,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -54,6 +56,8 @@ func rootCmd() *cobra.Command {
 	}
 	root.PersistentFlags().String("log-level", "info", "debug, info, warn or error")
 	root.PersistentFlags().String("log-format", "text", "text or json")
-	root.AddCommand(runCmd(), validateCmd())
+	root.AddCommand(runCmd(), validateCmd(), journalCmd())
 	return root
 }
+
+func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

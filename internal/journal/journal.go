@@ -60,6 +60,9 @@ type Options struct {
 	Logger       *slog.Logger
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// ReadOnly opens an existing journal for queries only: no writer, no
+	// compaction, and Append fails.
+	ReadOnly bool
 	// BeforeCommit, when set, runs inside each batch's transaction before it
 	// commits; an error aborts the transaction. Tests use it to crash the
 	// writer mid-batch.
@@ -142,7 +145,12 @@ func Open(path string, o Options) (*Journal, Recovery, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	db, err := openDB(path, o.Sync == SyncNone)
+	if o.ReadOnly {
+		if _, err := os.Stat(path); err != nil {
+			return nil, Recovery{}, fmt.Errorf("journal %s: %w", path, err)
+		}
+	}
+	db, err := openDB(path, o.Sync == SyncNone, o.ReadOnly)
 	if err != nil {
 		return nil, Recovery{}, err
 	}
@@ -151,10 +159,16 @@ func Open(path string, o Options) (*Journal, Recovery, error) {
 		reqs: make(chan *request, 4*o.MaxBatch),
 		stop: make(chan struct{}),
 	}
-	rec, err := j.verify()
+	rec, err := j.safeVerify()
 	if err != nil {
 		_ = db.Close()
 		return nil, Recovery{}, &CorruptError{Path: path, Err: err}
+	}
+	if o.ReadOnly {
+		j.closed = true // nothing may be written
+		close(j.reqs)
+		close(j.stop)
+		return j, rec, nil
 	}
 	j.wg.Add(2)
 	go j.writer()
@@ -162,15 +176,27 @@ func Open(path string, o Options) (*Journal, Recovery, error) {
 	return j, rec, nil
 }
 
-func openDB(path string, noSync bool) (db *bolt.DB, err error) {
+func openDB(path string, noSync, readOnly bool) (db *bolt.DB, err error) {
 	// bbolt panics on some forms of corruption; a journal that cannot be
-	// read is a startup error, not a crash.
+	// read is a startup error, not a crash. The file is closed by hand then,
+	// or its lock would outlive the failed open.
+	var file *os.File
 	defer func() {
 		if r := recover(); r != nil {
-			err = &CorruptError{Path: path, Err: fmt.Errorf("%v", r)}
+			if file != nil {
+				_ = file.Close()
+			}
+			db, err = nil, &CorruptError{Path: path, Err: fmt.Errorf("%v", r)}
 		}
 	}()
-	db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, NoSync: noSync, FreelistType: bolt.FreelistMapType})
+	db, err = bolt.Open(path, 0o600, &bolt.Options{
+		Timeout: time.Second, NoSync: noSync, ReadOnly: readOnly, FreelistType: bolt.FreelistMapType,
+		OpenFile: func(name string, flag int, mode os.FileMode) (*os.File, error) {
+			f, err := os.OpenFile(name, flag, mode)
+			file = f
+			return f, err
+		},
+	})
 	switch {
 	case errors.Is(err, bolt.ErrTimeout):
 		return nil, fmt.Errorf("%w: %s", ErrLocked, path)
@@ -348,6 +374,11 @@ func (j *Journal) Close() error {
 	j.mu.Lock()
 	if j.closed {
 		j.mu.Unlock()
+		if j.o.ReadOnly && j.db != nil {
+			db := j.db
+			j.db = nil
+			return db.Close()
+		}
 		return nil
 	}
 	j.closed = true

@@ -26,15 +26,21 @@ func (j *Journal) Timeline(k Key) ([]Step, error) {
 			if len(key) != len(prefix)+8 {
 				continue // a longer key that shares the prefix
 			}
-			r, err := Decode(v)
-			if err != nil {
-				return fmt.Errorf("%s: %w", k, err)
-			}
-			out = append(out, Step{Key: k, Seq: binary.BigEndian.Uint64(key[len(prefix):]), Record: r})
+			out = append(out, Step{Key: k, Seq: binary.BigEndian.Uint64(key[len(prefix):]), Record: decodeOrNote(v)})
 		}
 		return nil
 	})
 	return out, err
+}
+
+// decodeOrNote decodes a record for an operator's view. One that cannot be
+// read is shown, not hidden and not fatal: Kind 0 with the reason in Detail.
+func decodeOrNote(v []byte) Record {
+	r, err := Decode(v)
+	if err != nil {
+		return Record{Detail: err.Error()}
+	}
+	return r
 }
 
 // Filter selects hand-offs for Scan.
@@ -88,11 +94,7 @@ func (j *Journal) Scan(f Filter, fn func(Key, []Step) error) error {
 			if err != nil || len(rest) != 0 {
 				return fmt.Errorf("%w: step key", ErrCorrupt)
 			}
-			r, err := Decode(v)
-			if err != nil {
-				return fmt.Errorf("%s: %w", k, err)
-			}
-			cur = append(cur, Step{Key: k, Seq: binary.BigEndian.Uint64(key[len(kb):]), Record: r})
+			cur = append(cur, Step{Key: k, Seq: binary.BigEndian.Uint64(key[len(kb):]), Record: decodeOrNote(v)})
 		}
 		return flush()
 	})

@@ -46,16 +46,36 @@ func (s *State) Handled() bool {
 	return s.HopAttempt > 0 && (s.HopOutcome == outcomeSuccess || s.HopOutcome == outcomeDrop)
 }
 
+// safeVerify is verify, with bbolt's panics on damaged pages turned into
+// errors: a journal that cannot be read is a startup error, not a crash.
+func (j *Journal) safeVerify() (rec Recovery, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("damaged page: %v", r)
+		}
+	}()
+	return j.verify()
+}
+
 // verify prepares the buckets, checks the file's structure and every open
 // hand-off's records, and counts what was left open.
 func (j *Journal) verify() (Recovery, error) {
 	var rec Recovery
-	err := j.db.Update(func(tx *bolt.Tx) error {
-		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
-		if err != nil {
-			return err
+	prepare := j.db.Update
+	if j.o.ReadOnly {
+		prepare = j.db.View
+	}
+	err := prepare(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if tx.Writable() {
+			var err error
+			if meta, err = tx.CreateBucketIfNotExists(bucketMeta); err != nil {
+				return err
+			}
+		} else if meta == nil {
+			return errors.New("not a journal: no meta bucket")
 		}
-		if v := meta.Get(metaFormat); v == nil {
+		if v := meta.Get(metaFormat); v == nil && tx.Writable() {
 			if err := meta.Put(metaFormat, binary.BigEndian.AppendUint32(nil, formatVersion)); err != nil {
 				return err
 			}
@@ -63,8 +83,12 @@ func (j *Journal) verify() (Recovery, error) {
 			return fmt.Errorf("journal format %x, this build reads format %d", v, formatVersion)
 		}
 		for _, b := range [][]byte{bucketSteps, bucketOpen, bucketSettled} {
-			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-				return err
+			if tx.Writable() {
+				if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+					return err
+				}
+			} else if tx.Bucket(b) == nil {
+				return fmt.Errorf("not a journal: bucket %q missing", b)
 			}
 		}
 		return nil

@@ -17,15 +17,15 @@ func (j *Journal) compactor() {
 	t := time.NewTicker(j.o.CompactEvery)
 	defer t.Stop()
 	for {
-		if n, err := j.Compact(); err != nil {
-			j.log.Warn("journal compaction failed", "err", err)
-		} else if n > 0 {
-			j.log.Debug("journal compacted", "removed", n)
-		}
 		select {
 		case <-j.stop:
 			return
 		case <-t.C:
+		}
+		if n, err := j.Compact(); err != nil {
+			j.log.Warn("journal compaction failed", "err", err)
+		} else if n > 0 {
+			j.log.Debug("journal compacted", "removed", n)
 		}
 	}
 }

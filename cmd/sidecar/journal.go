@@ -1,0 +1,187 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"handoff.dev/handoff/internal/budget"
+	"handoff.dev/handoff/internal/journal"
+)
+
+func journalCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "journal",
+		Short: "Read, repair or reset a hand-off journal file (the sidecar must be stopped)",
+	}
+	cmd.AddCommand(journalEventsCmd(), journalRepairCmd(), journalResetCmd())
+	return cmd
+}
+
+func journalEventsCmd() *cobra.Command {
+	var (
+		path, event string
+		open, asJSON bool
+		since        time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "events --path FILE [--event ID | --open | --since DURATION]",
+		Short: "Print hand-off timelines: received, each attempt with outcome and latency, copies, confirms, settle",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			j, _, err := journal.Open(path, journal.Options{ReadOnly: true, Logger: discardLogger()})
+			if err != nil {
+				return err
+			}
+			defer j.Close()
+			f := journal.Filter{EventID: event, Open: open}
+			if since > 0 {
+				f.Since = time.Now().Add(-since)
+			}
+			out := cmd.OutOrStdout()
+			n := 0
+			err = j.Scan(f, func(k journal.Key, steps []journal.Step) error {
+				n++
+				if asJSON {
+					return writeTimelineJSON(out, k, steps)
+				}
+				writeTimeline(out, k, steps)
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			if n == 0 && !asJSON {
+				fmt.Fprintln(out, "no matching hand-offs")
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&path, "path", "", "journal file (required)")
+	cmd.Flags().StringVar(&event, "event", "", "only this event id")
+	cmd.Flags().BoolVar(&open, "open", false, "only hand-offs not yet settled")
+	cmd.Flags().DurationVar(&since, "since", 0, "only hand-offs with a record in this last duration, e.g. 15m")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per hand-off")
+	_ = cmd.MarkFlagRequired("path")
+	return cmd
+}
+
+func journalRepairCmd() *cobra.Command {
+	var path string
+	cmd := &cobra.Command{
+		Use:   "repair --path FILE",
+		Short: "Move a damaged journal aside and rebuild it from every record that can be read",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			rep, err := journal.Repair(path)
+			if rep.Aside != "" {
+				fmt.Fprintf(cmd.OutOrStdout(), "damaged journal kept at %s\n", rep.Aside)
+			}
+			if err != nil {
+				return err
+			}
+			if rep.Stopped != nil {
+				fmt.Fprintf(cmd.OutOrStdout(), "reading stopped early: %v\n", rep.Stopped)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "new journal %s: %d records kept, %d unreadable records dropped\n", path, rep.Kept, rep.Lost)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&path, "path", "", "journal file (required)")
+	_ = cmd.MarkFlagRequired("path")
+	return cmd
+}
+
+func journalResetCmd() *cobra.Command {
+	var path string
+	cmd := &cobra.Command{
+		Use:   "reset --path FILE",
+		Short: "Move the journal aside and start an empty one (the broker still holds every unacked message)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			aside, err := journal.Reset(path)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "old journal kept at %s; %s is empty\n", aside, path)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&path, "path", "", "journal file (required)")
+	_ = cmd.MarkFlagRequired("path")
+	return cmd
+}
+
+const stampLayout = "2006-01-02T15:04:05.000Z07:00"
+
+func writeTimeline(w io.Writer, k journal.Key, steps []journal.Step) {
+	fmt.Fprintln(w, k)
+	for _, s := range steps {
+		fmt.Fprintf(w, "  %s  %s\n", s.At.UTC().Format(stampLayout), describe(s.Record))
+	}
+}
+
+// describe is one line of a timeline.
+func describe(r journal.Record) string {
+	switch r.Kind {
+	case journal.Received:
+		return fmt.Sprintf("received     hop %d", r.Hop)
+	case journal.Attempt:
+		return fmt.Sprintf("attempt %-4d started", r.Attempt)
+	case journal.Outcome:
+		s := fmt.Sprintf("attempt %-4d %s in %s", r.Attempt, budget.Outcome(r.Outcome), r.Latency.Round(time.Microsecond))
+		switch {
+		case r.Detail != "":
+			s += ": " + r.Detail // the evidence, status included
+		case r.Status != 0:
+			s += fmt.Sprintf(" (HTTP %d)", r.Status)
+		}
+		return s
+	case journal.Transferring:
+		return fmt.Sprintf("transferring hop %d → %s (attempt %d, %s)", r.Hop, r.Dest, r.Attempt, r.Detail)
+	case journal.Transferred:
+		return fmt.Sprintf("transferred  hop %d → %s: confirmed", r.Hop, r.Dest)
+	case journal.Settled:
+		return fmt.Sprintf("settled      hop %d: %s", r.Hop, r.Detail)
+	case journal.Released:
+		return fmt.Sprintf("released     hop %d: handed back to the broker", r.Hop)
+	case 0:
+		return "unreadable   " + r.Detail
+	}
+	return r.Kind.String()
+}
+
+type stepJSON struct {
+	At      time.Time         `json:"at"`
+	Kind    string            `json:"kind"`
+	Hop     int               `json:"hop"`
+	Attempt int               `json:"attempt,omitempty"`
+	Outcome string            `json:"outcome,omitempty"`
+	Status  int               `json:"status,omitempty"`
+	Latency string            `json:"latency,omitempty"`
+	Dest    string            `json:"dest,omitempty"`
+	Detail  string            `json:"detail,omitempty"`
+	Trail   map[string]string `json:"trail,omitempty"`
+}
+
+func writeTimelineJSON(w io.Writer, k journal.Key, steps []journal.Step) error {
+	out := struct {
+		Source   string     `json:"source"`
+		EventID  string     `json:"event_id"`
+		ReplayID string     `json:"replay_id,omitempty"`
+		Steps    []stepJSON `json:"steps"`
+	}{Source: k.Source, EventID: k.EventID, ReplayID: k.ReplayID}
+	for _, s := range steps {
+		j := stepJSON{At: s.At.UTC(), Kind: s.Kind.String(), Hop: s.Hop, Attempt: s.Attempt, Status: s.Status,
+			Dest: s.Dest, Detail: s.Detail, Trail: s.Trail}
+		if s.Kind == journal.Outcome {
+			j.Outcome = budget.Outcome(s.Outcome).String()
+			j.Latency = s.Latency.String()
+		}
+		out.Steps = append(out.Steps, j)
+	}
+	return json.NewEncoder(w).Encode(out)
+}
