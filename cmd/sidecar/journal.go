@@ -23,7 +23,7 @@ func journalCmd() *cobra.Command {
 
 func journalEventsCmd() *cobra.Command {
 	var (
-		path, event string
+		path, event  string
 		open, asJSON bool
 		since        time.Duration
 	)

@@ -112,7 +112,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 
 	syncMode, _ := journal.ParseSyncMode(cfg.Journal.Sync)
 	jr, recovered, err := journal.Open(cfg.Journal.Path, journal.Options{
-		Sync:      syncMode,
+		Sync:         syncMode,
 		Retention:    cfg.Journal.Retention.D(),
 		Logger:       log,
 		BeforeCommit: hk.beforeCommit,

@@ -37,7 +37,7 @@ func TestSIGKILLMixedWorkload(t *testing.T) {
 
 	kind := func(id string) string { return id[:strings.IndexByte(id, '-')] }
 	var mu sync.Mutex
-	succeeded := map[string]int{}  // calls answered 200, per id
+	succeeded := map[string]int{}    // calls answered 200, per id
 	afterSuccess := map[string]int{} // calls after the first 200
 	a := newApp(t, func(w http.ResponseWriter, c call, prior []call) {
 		time.Sleep(15 * time.Millisecond)

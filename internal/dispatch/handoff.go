@@ -41,7 +41,18 @@ type handoff struct {
 	retry bool
 	trail broker.Trail
 	key   journal.Key
-	log   *slog.Logger
+	// received is the RECEIVED record, written with the next record of the
+	// hop so that the common path queues one write, not two.
+	received journal.Record
+	log      *slog.Logger // built on first use: most hand-offs never log
+}
+
+// logger returns the hand-off's logger, with its source and event id.
+func (h *handoff) logger() *slog.Logger {
+	if h.log == nil {
+		h.log = h.e.log.With("source", h.r.Name, "event_id", h.trail.EventID)
+	}
+	return h.log
 }
 
 func (h *handoff) run(ctx context.Context) {
@@ -61,14 +72,14 @@ func (h *handoff) run(ctx context.Context) {
 	if err != nil {
 		// One unreadable history must not stop the rest: go on as if new,
 		// which at worst repeats work the journal would have saved.
-		h.log.Error("journal unreadable for this event; handling it as new", "err", err)
+		h.logger().Error("journal unreadable for this event; handling it as new", "err", err)
 		st = journal.State{}
 	}
 	if h.resume(ctx, &st) {
 		return
 	}
 	now := e.now()
-	e.o.Journal.AppendAsync(h.key, journal.Record{Kind: journal.Received, At: now, Hop: h.trail.Hops})
+	h.received = journal.Record{Kind: journal.Received, At: now, Hop: h.trail.Hops}
 
 	if h.retry && now.Before(h.trail.NextDue) {
 		// Back before its due time (it needed a longer delay than the largest
@@ -83,7 +94,6 @@ func (h *handoff) run(ctx context.Context) {
 // readTrail sets the delivery's trail and key. A copy whose handoff-*
 // headers cannot be read returns false, with a trail that explains why.
 func (h *handoff) readTrail() bool {
-	e := h.e
 	if h.retry {
 		t, err := broker.ParseTrail(h.msg.Headers)
 		if err == nil {
@@ -94,7 +104,6 @@ func (h *handoff) readTrail() bool {
 				Error: "unreadable handoff headers: " + err.Error()}
 		}
 		h.key = journal.Key{Source: h.r.Name, EventID: h.trail.EventID, ReplayID: h.trail.ReplayID}
-		h.log = e.log.With("source", h.r.Name, "event_id", h.trail.EventID)
 		return err == nil
 	}
 	id, hashed := eventID(h.msg)
@@ -102,9 +111,8 @@ func (h *handoff) readTrail() bool {
 	// first entry: the trail starts here.
 	h.trail = broker.Trail{EventID: id, Origin: h.msg.Origin}
 	h.key = journal.Key{Source: h.r.Name, EventID: id}
-	h.log = e.log.With("source", h.r.Name, "event_id", id)
 	if hashed {
-		h.log.Warn("message has no id: using a content hash as its event id")
+		h.logger().Warn("message has no id: using a content hash as its event id")
 	}
 	return true
 }
@@ -127,10 +135,10 @@ func (h *handoff) resume(ctx context.Context, st *journal.State) bool {
 		// again, exactly; the retry consumer drops whichever comes second.
 		dest, err := broker.ParseDestination(st.Copy.Dest)
 		if err != nil {
-			h.log.Error("journal names an unknown destination; handling the message as new", "dest", st.Copy.Dest)
+			h.logger().Error("journal names an unknown destination; handling the message as new", "dest", st.Copy.Dest)
 			return false
 		}
-		h.log.Info("publishing an unconfirmed copy again", "to", dest, "attempt", st.Copy.Attempt)
+		h.logger().Info("publishing an unconfirmed copy again", "to", dest, "attempt", st.Copy.Attempt)
 		h.transfer(ctx, st.Copy.Trail, dest, "unconfirmed copy")
 	case st.Hop == hop && st.Handled():
 		h.settleDuplicate("the app already handled it")
@@ -148,7 +156,7 @@ func (h *handoff) resume(ctx context.Context, st *journal.State) bool {
 		if st.HopOutcome != 0 {
 			res = handler.Result{Outcome: budget.Outcome(st.HopOutcome), Detail: st.HopDetail}
 		}
-		h.log.Info("resuming an interrupted hand-off", "attempt", st.HopAttempt, "outcome", res.Outcome)
+		h.logger().Info("resuming an interrupted hand-off", "attempt", st.HopAttempt, "outcome", res.Outcome)
 		h.decide(ctx, st.HopAttempt, res, false)
 	default:
 		return false
@@ -181,7 +189,7 @@ func (h *handoff) attempt(ctx context.Context) {
 			ReplayID:    t.ReplayID,
 			Timeout:     min(e.o.Timeout, t.Deadline.Sub(now)),
 		}
-		e.o.Journal.AppendAsync(h.key, journal.Record{Kind: journal.Attempt, At: now, Hop: t.Hops, Attempt: req.Attempt})
+		h.appendAsync(journal.Record{Kind: journal.Attempt, At: now, Hop: t.Hops, Attempt: req.Attempt})
 		res := e.o.Handler.Deliver(ctx, &req)
 		if ctx.Err() != nil {
 			// Shutdown cut the call short: its result says nothing about the app.
@@ -195,7 +203,7 @@ func (h *handoff) attempt(ctx context.Context) {
 				h.handBack()
 				return
 			case <-h.d.Lost():
-				h.log.Warn("delivery lost while the app was unreachable; the broker redelivers it")
+				h.logger().Warn("delivery lost while the app was unreachable; the broker redelivers it")
 				return
 			case <-waitGate(ctx, e.gate):
 			}
@@ -237,8 +245,10 @@ func (h *handoff) decide(ctx context.Context, attempt int, res handler.Result, r
 		t.ErrorClass = res.Outcome.String()
 		t.Error = res.Detail
 	}
-	h.log.Debug("attempt", "attempt", attempt, "outcome", res.Outcome, "status", res.Status,
-		"latency", res.Latency, "action", dec.Action)
+	if h.e.log.Enabled(ctx, slog.LevelDebug) {
+		h.logger().Debug("attempt", "attempt", attempt, "outcome", res.Outcome, "status", res.Status,
+			"latency", res.Latency, "action", dec.Action)
+	}
 	var outcome []journal.Record
 	if record {
 		outcome = []journal.Record{{Kind: journal.Outcome, At: now, Hop: t.Hops, Attempt: attempt,
@@ -252,7 +262,7 @@ func (h *handoff) decide(ctx context.Context, attempt int, res handler.Result, r
 			return
 		}
 		if res.Outcome == budget.Drop {
-			h.log.Info("app dropped message", "attempt", attempt)
+			h.logger().Info("app dropped message", "attempt", attempt)
 		}
 		if h.fault(WindowHandled) {
 			return
@@ -264,7 +274,7 @@ func (h *handoff) decide(ctx context.Context, attempt int, res handler.Result, r
 	case budget.DeadLetter:
 		h.deadLetter(ctx, dec.Reason, outcome...)
 	default:
-		h.log.Error("no action for outcome; handing message back", "outcome", res.Outcome)
+		h.logger().Error("no action for outcome; handing message back", "outcome", res.Outcome)
 		h.handBack()
 	}
 }
@@ -272,7 +282,7 @@ func (h *handoff) decide(ctx context.Context, attempt int, res handler.Result, r
 func (h *handoff) deadLetter(ctx context.Context, reason budget.Reason, before ...journal.Record) {
 	h.trail.DeadReason = string(reason)
 	h.trail.NextDue = time.Time{}
-	h.log.Info("dead-lettering", "reason", reason, "attempt", h.trail.Attempt, "error", h.trail.Error)
+	h.logger().Info("dead-lettering", "reason", reason, "attempt", h.trail.Attempt, "error", h.trail.Error)
 	h.transfer(ctx, nil, broker.Destination{DeadLetter: true}, "dead-letter", before...)
 }
 
@@ -309,13 +319,13 @@ func (h *handoff) transfer(ctx context.Context, trail broker.Headers, dest broke
 		}
 		// Ack only after the copy is confirmed: acking first loses the
 		// message if the copy never arrives.
-		h.log.Warn("transfer failed; source message stays unacked", "to", dest, "why", why, "err", err, "retry_in", backoff)
+		h.logger().Warn("transfer failed; source message stays unacked", "to", dest, "why", why, "err", err, "retry_in", backoff)
 		select {
 		case <-ctx.Done():
 			h.handBack()
 			return
 		case <-h.d.Lost():
-			h.log.Warn("delivery lost before its copy was transferred; the broker redelivers it")
+			h.logger().Warn("delivery lost before its copy was transferred; the broker redelivers it")
 			return
 		case <-time.After(backoff):
 		}
@@ -340,6 +350,10 @@ func (h *handoff) journal(ctx context.Context, recs ...journal.Record) bool {
 	if len(recs) == 0 {
 		return true
 	}
+	if h.received.Kind != 0 {
+		recs = append([]journal.Record{h.received}, recs...)
+		h.received = journal.Record{}
+	}
 	err := h.e.o.Journal.Append(ctx, h.key, recs...)
 	switch {
 	case err == nil:
@@ -355,7 +369,7 @@ func (h *handoff) journal(ctx context.Context, recs ...journal.Record) bool {
 // fault reports whether a test fault stopped the hand-off at w.
 func (h *handoff) fault(w Window) bool {
 	if f := h.e.o.Fault; f != nil && f(w, h.key) != nil {
-		h.log.Warn("stopped by fault injection", "window", w)
+		h.logger().Warn("stopped by fault injection", "window", w)
 		return true
 	}
 	return false
@@ -363,18 +377,29 @@ func (h *handoff) fault(w Window) bool {
 
 func (h *handoff) settle(why string) {
 	if err := h.d.Ack(); err != nil {
-		h.log.Warn("ack failed; the broker will redeliver", "err", err)
+		h.logger().Warn("ack failed; the broker will redeliver", "err", err)
 		return
 	}
-	h.e.o.Journal.AppendAsync(h.key, journal.Record{Kind: journal.Settled, Hop: h.trail.Hops, Detail: why})
+	h.appendAsync(journal.Record{Kind: journal.Settled, Hop: h.trail.Hops, Detail: why})
+}
+
+// appendAsync queues rec, after the hop's RECEIVED record if that is still
+// unwritten.
+func (h *handoff) appendAsync(rec journal.Record) {
+	if h.received.Kind != 0 {
+		h.e.o.Journal.AppendAsync(h.key, h.received, rec)
+		h.received = journal.Record{}
+		return
+	}
+	h.e.o.Journal.AppendAsync(h.key, rec)
 }
 
 func (h *handoff) settleDuplicate(why string) {
-	h.log.Info("settling a redelivery without calling the app", "hop", h.trail.Hops, "why", why)
+	h.logger().Info("settling a redelivery without calling the app", "hop", h.trail.Hops, "why", why)
 	h.settle("duplicate: " + why)
 }
 
 func (h *handoff) handBack() {
 	h.e.handBack(h.d)
-	h.e.o.Journal.AppendAsync(h.key, journal.Record{Kind: journal.Released, Hop: h.trail.Hops})
+	h.appendAsync(journal.Record{Kind: journal.Released, Hop: h.trail.Hops})
 }

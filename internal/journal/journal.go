@@ -190,7 +190,12 @@ func openDB(path string, noSync, readOnly bool) (db *bolt.DB, err error) {
 		}
 	}()
 	db, err = bolt.Open(path, 0o600, &bolt.Options{
-		Timeout: time.Second, NoSync: noSync, ReadOnly: readOnly, FreelistType: bolt.FreelistMapType,
+		Timeout: time.Second, NoSync: noSync, ReadOnly: readOnly,
+		// NoFreelistSync would save a page write per commit, but rebuilding
+		// the freelist on open walks the file in a goroutine of bbolt's own,
+		// where a damaged page panics beyond recovery.
+		FreelistType:    bolt.FreelistMapType,
+		InitialMmapSize: 64 << 20, // fewer remaps, which stall readers
 		OpenFile: func(name string, flag int, mode os.FileMode) (*os.File, error) {
 			f, err := os.OpenFile(name, flag, mode)
 			file = f
