@@ -5,8 +5,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -41,13 +43,22 @@ func ParseSyncMode(s string) (SyncMode, bool) {
 }
 
 func (m SyncMode) String() string {
-	return [...]string{SyncBatch: "batch", SyncAlways: "always", SyncNone: "none"}[m]
+	switch m {
+	case SyncBatch:
+		return "batch"
+	case SyncAlways:
+		return "always"
+	case SyncNone:
+		return "none"
+	}
+	return fmt.Sprintf("sync(%d)", uint8(m))
 }
 
 // Options configures a Journal.
 type Options struct {
 	Sync SyncMode
-	// MaxBatch bounds the records in one transaction; zero means 1024.
+	// MaxBatch bounds the records in one transaction (a single larger Append
+	// is a transaction of its own); zero means 1024.
 	MaxBatch int
 	// Linger is how long the writer waits for more records before it
 	// commits a batch that is not full. Zero commits at once: records that
@@ -181,6 +192,9 @@ func openDB(path string, noSync, readOnly bool) (db *bolt.DB, err error) {
 	// read is a startup error, not a crash. The file is closed by hand then,
 	// or its lock would outlive the failed open.
 	var file *os.File
+	// A truncated file faults (SIGBUS) when bbolt reads past its end through
+	// the mapping; as a panic it can be recovered and reported.
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if r := recover(); r != nil {
 			if file != nil {
@@ -205,7 +219,7 @@ func openDB(path string, noSync, readOnly bool) (db *bolt.DB, err error) {
 	switch {
 	case errors.Is(err, bolt.ErrTimeout):
 		return nil, fmt.Errorf("%w: %s", ErrLocked, path)
-	case err != nil && os.IsPermission(err):
+	case err != nil && (os.IsPermission(err) || errors.Is(err, fs.ErrNotExist)):
 		return nil, fmt.Errorf("open journal: %w", err)
 	case err != nil:
 		return nil, &CorruptError{Path: path, Err: err}
@@ -261,28 +275,37 @@ func (j *Journal) failure() error {
 }
 
 // writer is the one goroutine that writes: it gathers queued requests into a
-// batch, commits it in one transaction, and answers every waiter.
+// batch, commits it in one transaction, and answers every waiter. After a
+// failed commit it commits nothing more: a record must never land without
+// the ones queued before it.
 func (j *Journal) writer() {
 	defer j.wg.Done()
 	batch := make([]*request, 0, 64)
+	var next *request // taken from the queue but left for the next batch
 	for {
-		first, ok := <-j.reqs
-		if !ok {
-			return
+		first := next
+		next = nil
+		if first == nil {
+			var ok bool
+			if first, ok = <-j.reqs; !ok {
+				return
+			}
 		}
 		batch = append(batch[:0], first)
 		if j.o.Sync != SyncAlways {
-			batch = j.gather(batch, len(first.recs))
+			batch, next = j.gather(batch, len(first.recs))
 		}
-		err := j.commit(batch)
-		if err != nil {
-			j.failMu.Lock()
-			if j.failed == nil {
-				j.failed = fmt.Errorf("journal %s: commit failed: %w", j.path, err)
-				j.log.Error("journal commit failed; the journal accepts no more records", "path", j.path, "err", err)
+		err := j.failure()
+		if err == nil {
+			if err = j.commit(batch); err != nil {
+				j.failMu.Lock()
+				if j.failed == nil {
+					j.failed = fmt.Errorf("journal %s: commit failed: %w", j.path, err)
+					j.log.Error("journal commit failed; the journal accepts no more records", "path", j.path, "err", err)
+				}
+				err = j.failed
+				j.failMu.Unlock()
 			}
-			err = j.failed
-			j.failMu.Unlock()
 		}
 		for _, r := range batch {
 			if r.done != nil {
@@ -292,39 +315,40 @@ func (j *Journal) writer() {
 	}
 }
 
-// gather adds queued requests to batch until MaxBatch records, waiting up to
-// Linger for more when the queue runs dry.
-func (j *Journal) gather(batch []*request, n int) []*request {
+// gather adds queued requests to batch while they fit in MaxBatch records,
+// waiting up to Linger for more when the queue runs dry. A request that does
+// not fit is returned, for the next batch; one larger than MaxBatch on its
+// own is a batch by itself.
+func (j *Journal) gather(batch []*request, n int) ([]*request, *request) {
 	var linger <-chan time.Time
 	for n < j.o.MaxBatch {
+		var r *request
+		var ok bool
 		select {
-		case r, ok := <-j.reqs:
-			if !ok {
-				return batch
-			}
-			batch = append(batch, r)
-			n += len(r.recs)
-			continue
+		case r, ok = <-j.reqs:
 		default:
-		}
-		if j.o.Linger <= 0 {
-			return batch
-		}
-		if linger == nil {
-			linger = time.After(j.o.Linger)
-		}
-		select {
-		case r, ok := <-j.reqs:
-			if !ok {
-				return batch
+			if j.o.Linger <= 0 {
+				return batch, nil
 			}
-			batch = append(batch, r)
-			n += len(r.recs)
-		case <-linger:
-			return batch
+			if linger == nil {
+				linger = time.After(j.o.Linger)
+			}
+			select {
+			case r, ok = <-j.reqs:
+			case <-linger:
+				return batch, nil
+			}
 		}
+		if !ok {
+			return batch, nil
+		}
+		if n+len(r.recs) > j.o.MaxBatch {
+			return batch, r
+		}
+		batch = append(batch, r)
+		n += len(r.recs)
 	}
-	return batch
+	return batch, nil
 }
 
 func (j *Journal) commit(batch []*request) error {
@@ -332,8 +356,7 @@ func (j *Journal) commit(batch []*request) error {
 		steps, open, settled := tx.Bucket(bucketSteps), tx.Bucket(bucketOpen), tx.Bucket(bucketSettled)
 		n := 0
 		for _, r := range batch {
-			for i := range r.recs {
-				rec := &r.recs[i]
+			for _, rec := range r.recs { // a copy: the caller's records are its own
 				if rec.At.IsZero() {
 					rec.At = j.now()
 				}
@@ -344,20 +367,8 @@ func (j *Journal) commit(batch []*request) error {
 				if err := steps.Put(binary.BigEndian.AppendUint64(append([]byte(nil), r.key...), seq), rec.Encode(nil)); err != nil {
 					return err
 				}
-				switch rec.Kind {
-				case Received:
-					if open.Get(r.key) == nil {
-						if err := open.Put(r.key, timeBytes(rec.At)); err != nil {
-							return err
-						}
-					}
-				case Settled:
-					if err := open.Delete(r.key); err != nil {
-						return err
-					}
-					if err := settled.Put(append(timeBytes(rec.At), r.key...), nil); err != nil {
-						return err
-					}
+				if err := index(open, settled, r.key, &rec); err != nil {
+					return err
 				}
 				n++
 			}
@@ -367,6 +378,47 @@ func (j *Journal) commit(batch []*request) error {
 		}
 		return nil
 	})
+}
+
+// index keeps the open and settled indexes. An open entry holds the time
+// the hand-off opened and its latest hop; a settle of an earlier hop (which
+// can land after the next hop was received) leaves it open.
+func index(open, settled *bolt.Bucket, key []byte, rec *Record) error {
+	switch rec.Kind {
+	case Received:
+		v := open.Get(key)
+		if v == nil {
+			return open.Put(key, openValue(rec.At, rec.Hop))
+		}
+		if at, hop, ok := parseOpenValue(v); ok && rec.Hop > hop {
+			return open.Put(key, openValue(at, rec.Hop))
+		}
+	case Settled:
+		if v := open.Get(key); v != nil {
+			if _, hop, ok := parseOpenValue(v); !ok || hop <= rec.Hop {
+				if err := open.Delete(key); err != nil {
+					return err
+				}
+			}
+		}
+		return settled.Put(append(timeBytes(rec.At), key...), nil)
+	}
+	return nil
+}
+
+func openValue(at time.Time, hop int) []byte {
+	return binary.AppendUvarint(timeBytes(at), uint64(hop))
+}
+
+func parseOpenValue(v []byte) (time.Time, int, bool) {
+	if len(v) < 8 {
+		return time.Time{}, 0, false
+	}
+	hop, w := binary.Uvarint(v[8:])
+	if w <= 0 {
+		return time.Time{}, 0, false
+	}
+	return time.Unix(0, int64(binary.BigEndian.Uint64(v[:8]))), int(hop), true
 }
 
 func timeBytes(t time.Time) []byte {

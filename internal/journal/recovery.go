@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime/debug"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -49,6 +50,7 @@ func (s *State) Handled() bool {
 // safeVerify is verify, with bbolt's panics on damaged pages turned into
 // errors: a journal that cannot be read is a startup error, not a crash.
 func (j *Journal) safeVerify() (rec Recovery, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("damaged page: %v", r)
@@ -61,33 +63,30 @@ func (j *Journal) safeVerify() (rec Recovery, err error) {
 // hand-off's records, and counts what was left open.
 func (j *Journal) verify() (Recovery, error) {
 	var rec Recovery
-	prepare := j.db.Update
-	if j.o.ReadOnly {
-		prepare = j.db.View
+	// Read everything before writing anything: a damaged file is reported
+	// as it was found.
+	if err := j.check(); err != nil {
+		return rec, err
 	}
-	err := prepare(func(tx *bolt.Tx) error {
+	// A journal with everything in place is only read; a new file gets its
+	// buckets. Opening never writes to a journal it has not understood.
+	fresh := false
+	err := j.db.View(func(tx *bolt.Tx) error {
 		meta := tx.Bucket(bucketMeta)
-		if tx.Writable() {
-			var err error
-			if meta, err = tx.CreateBucketIfNotExists(bucketMeta); err != nil {
-				return err
+		if meta == nil {
+			// Empty is a new journal; anything else is somebody else's file.
+			if k, _ := tx.Cursor().First(); k != nil {
+				return errors.New("not a journal: no meta bucket")
 			}
-		} else if meta == nil {
-			return errors.New("not a journal: no meta bucket")
+			fresh = true
+			return nil
 		}
-		if v := meta.Get(metaFormat); v == nil && tx.Writable() {
-			if err := meta.Put(metaFormat, binary.BigEndian.AppendUint32(nil, formatVersion)); err != nil {
-				return err
-			}
-		} else if len(v) != 4 || binary.BigEndian.Uint32(v) != formatVersion {
+		v := meta.Get(metaFormat)
+		if len(v) != 4 || binary.BigEndian.Uint32(v) != formatVersion {
 			return fmt.Errorf("journal format %x, this build reads format %d", v, formatVersion)
 		}
 		for _, b := range [][]byte{bucketSteps, bucketOpen, bucketSettled} {
-			if tx.Writable() {
-				if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-					return err
-				}
-			} else if tx.Bucket(b) == nil {
+			if tx.Bucket(b) == nil {
 				return fmt.Errorf("not a journal: bucket %q missing", b)
 			}
 		}
@@ -96,8 +95,28 @@ func (j *Journal) verify() (Recovery, error) {
 	if err != nil {
 		return rec, err
 	}
-	if err := j.check(); err != nil {
-		return rec, err
+	if fresh {
+		if j.o.ReadOnly {
+			return rec, errors.New("not a journal: no meta bucket")
+		}
+		err = j.db.Update(func(tx *bolt.Tx) error {
+			meta, err := tx.CreateBucket(bucketMeta)
+			if err != nil {
+				return err
+			}
+			if err := meta.Put(metaFormat, binary.BigEndian.AppendUint32(nil, formatVersion)); err != nil {
+				return err
+			}
+			for _, b := range [][]byte{bucketSteps, bucketOpen, bucketSettled} {
+				if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return rec, err
+		}
 	}
 	var keys []Key
 	err = j.db.View(func(tx *bolt.Tx) error {
@@ -137,21 +156,31 @@ func (j *Journal) verify() (Recovery, error) {
 	return rec, nil
 }
 
-// check runs bbolt's consistency check over the whole file.
-func (j *Journal) check() (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("consistency check: %v", r)
-		}
-	}()
+// check reads every key and value of every bucket, so that each page of the
+// file is touched once here, in this goroutine, where a damaged page is a
+// recoverable panic (bbolt's own Check runs in a goroutine of its own, where
+// it would not be).
+func (j *Journal) check() error {
 	return j.db.View(func(tx *bolt.Tx) error {
-		var errs []error
-		for e := range tx.Check() {
-			errs = append(errs, e)
-			if len(errs) == 10 {
-				break
+		return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
+			return walk(b, 0)
+		})
+	})
+}
+
+func walk(b *bolt.Bucket, depth int) error {
+	if depth > 8 {
+		return fmt.Errorf("%w: buckets nested too deep", ErrCorrupt)
+	}
+	c := b.Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if v == nil {
+			if nb := b.Bucket(k); nb != nil {
+				if err := walk(nb, depth+1); err != nil {
+					return err
+				}
 			}
 		}
-		return errors.Join(errs...)
-	})
+	}
+	return nil
 }
