@@ -19,7 +19,9 @@ type Options struct {
 	Policy  *budget.Policy
 	// Timeout bounds one attempt; the message's deadline may shorten it.
 	Timeout time.Duration
-	// MaxConcurrency bounds messages in flight, across all routes.
+	// MaxConcurrency bounds calls to the app in flight, across all routes.
+	// Journal writes, transfers and acks happen outside it, so a slow fsync
+	// or broker confirm never idles the app.
 	MaxConcurrency int
 	// DrainTimeout bounds how long in-flight messages may finish after intake
 	// stops; the rest are handed back unsettled.
@@ -162,27 +164,19 @@ func (e *Engine) fatalErr() error {
 	return e.fatal
 }
 
-// admit waits for the gate and a concurrency slot, then processes d on its
-// own goroutine. Until it has a slot the delivery is not taken: with
-// prefetch, that holds the broker back.
+// admit waits while the gate is held, then walks d on its own goroutine.
+// While intake waits, deliveries are not taken: with prefetch, that holds the
+// broker back. The number of walks in flight is bounded by the sources'
+// prefetch; the calls to the app among them by MaxConcurrency (see call).
 func (e *Engine) admit(intake, work context.Context, r *Route, d broker.Delivery, retry bool) {
 	if e.gate.wait(intake) != nil {
 		e.handBack(d)
 		return
 	}
-	select {
-	case e.slots <- struct{}{}:
-	case <-intake.Done():
-		e.handBack(d)
-		return
-	}
 	e.workers.Add(1)
 	go func() {
-		defer func() {
-			<-e.slots
-			e.workers.Done()
-		}()
-		h := handoff{e: e, r: r, d: d, msg: d.Message(), retry: retry}
+		defer e.workers.Done()
+		h := handoff{e: e, r: r, d: d, msg: d.Message(), retry: retry, intake: intake}
 		h.run(work)
 	}()
 }

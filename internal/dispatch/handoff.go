@@ -39,8 +39,11 @@ type handoff struct {
 	d     broker.Delivery
 	msg   *broker.Message
 	retry bool
-	trail broker.Trail
-	key   journal.Key
+	// intake is done once the engine stops taking messages: a delivery that
+	// has not started its call by then is handed back, not started.
+	intake context.Context
+	trail  broker.Trail
+	key    journal.Key
 	// received is the RECEIVED record, written with the next record of the
 	// hop so that the common path queues one write, not two.
 	received journal.Record
@@ -189,8 +192,12 @@ func (h *handoff) attempt(ctx context.Context) {
 			ReplayID:    t.ReplayID,
 			Timeout:     min(e.o.Timeout, t.Deadline.Sub(now)),
 		}
+		if !h.acquire(ctx) {
+			return
+		}
 		h.appendAsync(journal.Record{Kind: journal.Attempt, At: now, Hop: t.Hops, Attempt: req.Attempt})
 		res := e.o.Handler.Deliver(ctx, &req)
+		<-e.slots
 		if ctx.Err() != nil {
 			// Shutdown cut the call short: its result says nothing about the app.
 			h.handBack()
@@ -212,6 +219,26 @@ func (h *handoff) attempt(ctx context.Context) {
 		h.decide(ctx, req.Attempt, res, true)
 		return
 	}
+}
+
+// acquire takes a slot for a call to the app. It gives up, handing the
+// delivery back, when intake stops or ctx is done, and leaves a lost
+// delivery alone.
+func (h *handoff) acquire(ctx context.Context) bool {
+	if h.intake.Err() != nil {
+		h.handBack()
+		return false
+	}
+	select {
+	case h.e.slots <- struct{}{}:
+		return true
+	case <-h.intake.Done():
+		h.handBack()
+	case <-ctx.Done():
+		h.handBack()
+	case <-h.d.Lost():
+	}
+	return false
 }
 
 func waitGate(ctx context.Context, g *gate) <-chan struct{} {
