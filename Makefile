@@ -3,7 +3,7 @@ PKGS     := ./...
 # Broker tests talk to the RabbitMQ that .ci/run (or you) started.
 export HANDOFF_RABBITMQ_URL ?= amqp://guest:guest@127.0.0.1:5672/
 
-.PHONY: build test test-short race lint fmt fuzz clean
+.PHONY: build test test-short lint fmt fuzz bench clean
 
 build:
 	$(GO) build -o bin/sidecar ./cmd/sidecar
@@ -27,6 +27,16 @@ fmt:
 fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzParse -fuzztime=30s ./internal/config/
 	$(GO) test -run='^$$' -fuzz=FuzzParseTrail -fuzztime=30s ./internal/broker/
+	$(GO) test -run='^$$' -fuzz=FuzzDecode -fuzztime=30s ./internal/journal/
+	$(GO) test -run='^$$' -fuzz=FuzzKeyDecode -fuzztime=30s ./internal/journal/
+	$(GO) test -run='^$$' -fuzz=FuzzSetHeaders -fuzztime=30s ./internal/handler/
+
+# Benchmarks: journal micro-benchmarks, then the end-to-end drain of a
+# preloaded queue by the sidecar (each journal.sync mode) and by a
+# hand-written consumer, in one run. Needs the local RabbitMQ.
+bench:
+	$(GO) test -run='^$$' -bench=. -benchtime=2s ./internal/journal/
+	$(GO) test -run='^$$' -bench=BenchmarkJournalSyncModes -benchtime=1x -timeout=30m ./cmd/sidecar/
 
 clean:
 	rm -rf bin
