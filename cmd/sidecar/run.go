@@ -157,8 +157,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 		clients = append(clients, c)
 		routes = append(routes, dispatch.Route{
 			Name:     s.Name,
-			Fresh:    c.Source(),
-			Retry:    c.RetrySource(),
+			Sources:  []dispatch.Source{c.Source(), c.RetrySource()},
 			Transfer: c,
 			CESource: "/rabbitmq/" + r.Queue,
 		})

@@ -29,6 +29,10 @@ type Message struct {
 	// Origin says where the message was first consumed, for example
 	// "rabbitmq:orders" or "kafka:orders/3/1207".
 	Origin string
+	// Copy says the message was consumed from a destination the sidecar
+	// writes to itself (a retry queue or topic): its handoff-* headers are
+	// the sidecar's own and are read; on any other message they are ignored.
+	Copy bool
 	// Redelivered is the broker's own flag: this delivery was handed out
 	// before and not settled.
 	Redelivered bool

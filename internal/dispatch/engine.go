@@ -96,20 +96,18 @@ func (e *Engine) Run(ctx context.Context) error {
 	e.fatalMu.Unlock()
 
 	var wg sync.WaitGroup
-	errs := make(chan error, 2*len(e.o.Routes))
+	n := 0
+	for _, r := range e.o.Routes {
+		n += len(r.Sources)
+	}
+	errs := make(chan error, n)
 	for i := range e.o.Routes {
 		r := &e.o.Routes[i]
-		for _, in := range []struct {
-			src   Source
-			retry bool
-		}{{r.Fresh, false}, {r.Retry, true}} {
-			if in.src == nil {
-				continue
-			}
+		for _, src := range r.Sources {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				err := in.src.Consume(intake, func(d broker.Delivery) { e.admit(intake, work, r, d, in.retry) })
+				err := src.Consume(intake, func(d broker.Delivery) { e.admit(intake, work, r, d) })
 				if err != nil {
 					errs <- err
 					stopIntake()
@@ -168,7 +166,7 @@ func (e *Engine) fatalErr() error {
 // While intake waits, deliveries are not taken: with prefetch, that holds the
 // broker back. The number of walks in flight is bounded by the sources'
 // prefetch; the calls to the app among them by MaxConcurrency (see call).
-func (e *Engine) admit(intake, work context.Context, r *Route, d broker.Delivery, retry bool) {
+func (e *Engine) admit(intake, work context.Context, r *Route, d broker.Delivery) {
 	if e.gate.wait(intake) != nil {
 		e.handBack(d)
 		return
@@ -176,7 +174,8 @@ func (e *Engine) admit(intake, work context.Context, r *Route, d broker.Delivery
 	e.workers.Add(1)
 	go func() {
 		defer e.workers.Done()
-		h := handoff{e: e, r: r, d: d, msg: d.Message(), retry: retry, intake: intake}
+		msg := d.Message()
+		h := handoff{e: e, r: r, d: d, msg: msg, retry: msg.Copy, intake: intake}
 		h.run(work)
 	}()
 }

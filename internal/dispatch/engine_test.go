@@ -137,7 +137,7 @@ func (r *rig) delivery(id string) *fakeDelivery {
 
 func (r *rig) engine(concurrency int, ds ...broker.Delivery) *Engine {
 	return New(Options{
-		Routes:  []Route{{Name: "fake", Fresh: &fakeSource{ds: ds}, Transfer: r.tr}},
+		Routes:  []Route{{Name: "fake", Sources: []Source{&fakeSource{ds: ds}}, Transfer: r.tr}},
 		Handler: r.app,
 		Policy: &budget.Policy{
 			MaxAttempts: 3, Base: time.Millisecond, Cap: time.Millisecond,

@@ -43,12 +43,12 @@ type Journal interface {
 	AppendAsync(k journal.Key, recs ...journal.Record)
 }
 
-// Route is one configured source: its fresh intake, its retry intake, and the
-// transferer for its copies.
+// Route is one configured source: its intakes (the source itself and the
+// retry queue or topics, which may share one consumer) and the transferer for
+// its copies.
 type Route struct {
 	Name     string
-	Fresh    Source
-	Retry    Source
+	Sources  []Source
 	Transfer Transferer
 	// CESource is the ce-source given to messages that carry none.
 	CESource string

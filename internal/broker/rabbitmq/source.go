@@ -15,13 +15,16 @@ import (
 type Source struct {
 	c     *Client
 	queue string
+	copy  bool // the queue holds the sidecar's own copies
 }
 
 // Source returns the consumer of the source queue.
 func (c *Client) Source() *Source { return &Source{c: c, queue: c.opts.Queue} }
 
 // RetrySource returns the consumer of the retry work queue.
-func (c *Client) RetrySource() *Source { return &Source{c: c, queue: RetryQueue(c.opts.Queue)} }
+func (c *Client) RetrySource() *Source {
+	return &Source{c: c, queue: RetryQueue(c.opts.Queue), copy: true}
+}
 
 // Queue is the name of the consumed queue.
 func (s *Source) Queue() string { return s.queue }
@@ -87,7 +90,7 @@ func (s *Source) consume(ctx context.Context, sess *session, deliver func(broker
 			if !ok {
 				return fmt.Errorf("consumer of %s cancelled by the broker", s.queue)
 			}
-			deliver(newDelivery(d, origin, lost))
+			deliver(newDelivery(d, origin, s.copy, lost))
 		}
 	}
 }
@@ -107,7 +110,7 @@ type delivery struct {
 
 var _ broker.Delivery = (*delivery)(nil)
 
-func newDelivery(d amqp.Delivery, origin string, lost <-chan struct{}) *delivery {
+func newDelivery(d amqp.Delivery, origin string, copy bool, lost <-chan struct{}) *delivery {
 	dl := &delivery{d: d, lost: lost}
 	dl.msg = broker.Message{
 		Body:        d.Body,
@@ -116,6 +119,7 @@ func newDelivery(d amqp.Delivery, origin string, lost <-chan struct{}) *delivery
 		Type:        d.Type,
 		Headers:     stringHeaders(d.Headers),
 		Origin:      origin,
+		Copy:        copy,
 		Redelivered: d.Redelivered,
 		Native:      &dl.d,
 	}
