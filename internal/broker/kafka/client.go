@@ -1,0 +1,319 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"handoff.dev/handoff/internal/broker"
+)
+
+// Options configures a Client.
+type Options struct {
+	// Name identifies the source in logs.
+	Name    string
+	Brokers []string
+	Topic   string
+	Group   string
+	Tiers   []time.Duration
+	// Declare creates the retry and dead-letter topics when missing.
+	Declare bool
+	// MaxInFlight bounds records handed out and not yet settled: Kafka has
+	// no prefetch, so this is what holds intake back. Zero means 256.
+	MaxInFlight int
+	// RevokeTimeout bounds how long a revoked partition's records in flight
+	// may finish before they are abandoned; zero means 10s.
+	RevokeTimeout time.Duration
+	// Extra are further client options (TLS, SASL, tests' timeouts).
+	Extra  []kgo.Opt
+	Logger *slog.Logger
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Client consumes a topic and its retry topics in one consumer group and
+// produces copies. Consume runs its poll loop; Transfer may be called
+// concurrently; Close commits and leaves the group.
+type Client struct {
+	o     Options
+	cl    *kgo.Client
+	log   *slog.Logger
+	now   func() time.Time
+	sem   chan struct{}
+	retry map[string]bool // retry topics
+
+	mu    sync.Mutex
+	parts map[topicPartition]*partition
+
+	timers sync.WaitGroup // resume timers of paused partitions
+	closed chan struct{}
+	once   sync.Once
+}
+
+type topicPartition struct {
+	topic     string
+	partition int32
+}
+
+// partition is one assigned partition's state.
+type partition struct {
+	tp   topicPartition
+	wm   watermark
+	lost chan struct{} // closed when the partition is revoked or lost
+	gone bool          // revoked: records still buffered are not handed out
+
+	mu  sync.Mutex
+	out map[*delivery]struct{} // handed out, neither acked nor released
+}
+
+// finish takes d off the partition's outstanding set and frees its in-flight
+// slot; it reports false when d was finished already.
+func (p *partition) finish(d *delivery, sem chan struct{}) bool {
+	p.mu.Lock()
+	_, ok := p.out[d]
+	delete(p.out, d)
+	p.mu.Unlock()
+	if ok {
+		<-sem
+	}
+	return ok
+}
+
+// New builds a client; nothing is consumed until Consume.
+func New(o Options) (*Client, error) {
+	if o.MaxInFlight <= 0 {
+		o.MaxInFlight = 256
+	}
+	if o.RevokeTimeout <= 0 {
+		o.RevokeTimeout = 10 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	c := &Client{
+		o:      o,
+		log:    o.Logger.With("source", o.Name, "topic", o.Topic, "group", o.Group),
+		now:    o.Now,
+		sem:    make(chan struct{}, o.MaxInFlight),
+		retry:  map[string]bool{},
+		parts:  map[topicPartition]*partition{},
+		closed: make(chan struct{}),
+	}
+	topics := []string{o.Topic}
+	for _, t := range o.Tiers {
+		rt := RetryTopic(o.Topic, o.Group, t)
+		c.retry[rt] = true
+		topics = append(topics, rt)
+	}
+	opts := append([]kgo.Opt{
+		kgo.SeedBrokers(o.Brokers...),
+		kgo.ConsumerGroup(o.Group),
+		kgo.ConsumeTopics(topics...),
+		kgo.Balancers(kgo.CooperativeStickyBalancer()),
+		kgo.AutoCommitMarks(),
+		kgo.AutoCommitInterval(time.Second),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(500 * time.Millisecond),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.OnPartitionsAssigned(c.assigned),
+		kgo.OnPartitionsRevoked(c.revoked),
+		kgo.OnPartitionsLost(c.revoked),
+	}, o.Extra...)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka client: %w", err)
+	}
+	c.cl = cl
+	return c, nil
+}
+
+func (c *Client) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for topic, ps := range assigned {
+		for _, p := range ps {
+			tp := topicPartition{topic, p}
+			c.parts[tp] = &partition{tp: tp, lost: make(chan struct{}), out: map[*delivery]struct{}{}}
+		}
+	}
+}
+
+// revoked stops handing out the partitions' records, lets those in flight
+// finish for up to RevokeTimeout, abandons the rest (their Lost closes: the
+// next owner consumes them again), and commits the watermark.
+func (c *Client) revoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
+	var ps []*partition
+	c.mu.Lock()
+	for topic, parts := range revoked {
+		for _, p := range parts {
+			if st := c.parts[topicPartition{topic, p}]; st != nil {
+				st.gone = true
+				ps = append(ps, st)
+			}
+		}
+	}
+	c.mu.Unlock()
+	deadline := time.Now().Add(c.o.RevokeTimeout)
+	for _, p := range ps {
+		for p.wm.inFlight() > 0 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	c.mu.Lock()
+	for _, p := range ps {
+		close(p.lost)
+		delete(c.parts, p.tp)
+	}
+	c.mu.Unlock()
+	// Deliveries abandoned with their partition free their slots here: their
+	// walks stop on Lost without settling.
+	for _, p := range ps {
+		p.mu.Lock()
+		abandoned := make([]*delivery, 0, len(p.out))
+		for d := range p.out {
+			abandoned = append(abandoned, d)
+		}
+		p.mu.Unlock()
+		for _, d := range abandoned {
+			p.finish(d, c.sem)
+		}
+	}
+	if err := cl.CommitMarkedOffsets(ctx); err != nil {
+		c.log.Warn("commit on revoke failed; the next owner may handle some records again", "err", err)
+	}
+}
+
+func (c *Client) partition(topic string, p int32) *partition {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := c.parts[topicPartition{topic, p}]
+	if st == nil || st.gone {
+		return nil
+	}
+	return st
+}
+
+// Consume polls until ctx is done and calls deliver for each record, from
+// this goroutine, in partition order. It blocks while MaxInFlight records
+// are unsettled. A retry topic's partition whose next record is not yet due
+// is paused until it is, and the poll goes on for the others.
+func (c *Client) Consume(ctx context.Context, deliver func(broker.Delivery)) error {
+	for {
+		fetches := c.cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if fetches.IsClientClosed() {
+			return nil
+		}
+		fetches.EachError(func(topic string, p int32, err error) {
+			if !errors.Is(err, context.Canceled) {
+				c.log.Warn("kafka fetch error", "fetch_topic", topic, "partition", p, "err", err)
+			}
+		})
+		stop := false
+		fetches.EachPartition(func(ftp kgo.FetchTopicPartition) {
+			if stop {
+				return
+			}
+			st := c.partition(ftp.Topic, ftp.Partition)
+			if st == nil {
+				return
+			}
+			for _, r := range ftp.Records {
+				if c.retry[r.Topic] {
+					if due, ok := nextDue(r); ok && c.now().Before(due) {
+						c.pauseUntil(st, r, due)
+						return
+					}
+				}
+				select {
+				case c.sem <- struct{}{}:
+				case <-ctx.Done():
+					stop = true
+					return
+				}
+				st.wm.track(r.Offset, r.LeaderEpoch)
+				d := c.newDelivery(st, r)
+				st.mu.Lock()
+				st.out[d] = struct{}{}
+				st.mu.Unlock()
+				deliver(d)
+			}
+		})
+		if stop {
+			return nil
+		}
+	}
+}
+
+// pauseUntil pauses st and rewinds it to r, so r is fetched again once the
+// partition resumes at due.
+func (c *Client) pauseUntil(st *partition, r *kgo.Record, due time.Time) {
+	tps := map[string][]int32{r.Topic: {r.Partition}}
+	c.cl.PauseFetchPartitions(tps)
+	c.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{r.Topic: {r.Partition: {Epoch: r.LeaderEpoch, Offset: r.Offset}}})
+	wait := due.Sub(c.now())
+	c.timers.Add(1)
+	go func() {
+		defer c.timers.Done()
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			c.cl.ResumeFetchPartitions(tps)
+		case <-c.closed:
+		case <-st.lost:
+		}
+	}()
+}
+
+func nextDue(r *kgo.Record) (time.Time, bool) {
+	for _, h := range r.Headers {
+		if h.Key == broker.HeaderNextDue {
+			t, err := time.Parse(time.RFC3339Nano, string(h.Value))
+			return t, err == nil
+		}
+	}
+	return time.Time{}, false
+}
+
+// settle marks d done and moves its partition's commit mark.
+func (c *Client) settle(d *delivery) {
+	if !d.st.finish(d, c.sem) {
+		return
+	}
+	next, epoch, moved := d.st.wm.settle(d.r.Offset)
+	if moved {
+		c.cl.MarkCommitOffsets(map[string]map[int32]kgo.EpochOffset{d.r.Topic: {d.r.Partition: {Epoch: epoch, Offset: next}}})
+	}
+}
+
+// Close commits the watermark of every partition, leaves the group and
+// closes the client. Call it after every delivery is settled or handed back.
+// It is safe to call twice.
+func (c *Client) Close() error {
+	var err error
+	c.once.Do(func() {
+		close(c.closed)
+		c.timers.Wait()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		err = c.cl.CommitMarkedOffsets(ctx)
+		c.cl.Close()
+	})
+	return err
+}
+
+func position(r *kgo.Record) string {
+	return "kafka:" + r.Topic + "/" + strconv.Itoa(int(r.Partition)) + "/" + strconv.FormatInt(r.Offset, 10)
+}

@@ -1,0 +1,60 @@
+package kafka
+
+import (
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"handoff.dev/handoff/internal/broker"
+)
+
+// delivery is one record with its handle.
+type delivery struct {
+	c    *Client
+	st   *partition
+	r    *kgo.Record
+	msg  broker.Message
+}
+
+var _ broker.Delivery = (*delivery)(nil)
+
+func (c *Client) newDelivery(st *partition, r *kgo.Record) *delivery {
+	d := &delivery{c: c, st: st, r: r}
+	h := make(broker.Headers, len(r.Headers))
+	var contentType string
+	for _, kv := range r.Headers {
+		h[kv.Key] = string(kv.Value)
+		if kv.Key == "content-type" {
+			contentType = string(kv.Value)
+		}
+	}
+	pos := position(r)
+	d.msg = broker.Message{
+		Body:        r.Value,
+		ContentType: contentType,
+		Key:         r.Key,
+		Headers:     h,
+		Position:    pos,
+		Origin:      pos,
+		Copy:        c.retry[r.Topic],
+		Native:      r,
+	}
+	return d
+}
+
+func (d *delivery) Message() *broker.Message { return &d.msg }
+
+// Ack settles the record: its offset may be committed once every record
+// before it is settled too.
+func (d *delivery) Ack() error {
+	d.c.settle(d)
+	return nil
+}
+
+// Release leaves the record unsettled: it holds its partition's commit and
+// is consumed again by the partition's next owner.
+func (d *delivery) Release() error {
+	d.st.finish(d, d.c.sem)
+	return nil
+}
+
+// Lost is closed when the record's partition was revoked or lost.
+func (d *delivery) Lost() <-chan struct{} { return d.st.lost }

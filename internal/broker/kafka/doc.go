@@ -1,0 +1,20 @@
+// Package kafka is the Kafka adapter, on franz-go: a group consumer of the
+// source topic and its retry topics with manual commits at the contiguous
+// watermark of settled records, retry topics paused until their head record
+// is due, and retry and dead-letter copies produced with acks=all.
+//
+// For a source topic T consumed by group G the topology is:
+//
+//	T                     the source, used as it is
+//	T.G.retry.<tier>      one topic per delay tier; its records are consumed by G
+//	                      once due (the partition is paused until then)
+//	T.G.dlq               the dead-letter topic
+//
+// # Caveats
+//
+// An offset is committed only when every record before it in its partition is
+// settled (handled, or its copy acknowledged): a later success never commits
+// past an earlier record still in flight or handed back. A record handed back
+// at shutdown therefore holds its partition's commit where it is, and it and
+// every record after it are consumed again by whoever owns the partition next.
+package kafka

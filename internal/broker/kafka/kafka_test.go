@@ -1,0 +1,247 @@
+package kafka
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"handoff.dev/handoff/internal/broker"
+)
+
+// These tests run the adapter against kfake, franz-go's in-process Kafka
+// that speaks the real protocol over TCP.
+
+func TestWatermarkOnlyMovesOverSettledRecords(t *testing.T) {
+	var w watermark
+	for o := int64(10); o < 15; o++ {
+		w.track(o, 0)
+	}
+	steps := []struct {
+		settle int64
+		want   int64
+		moved  bool
+	}{
+		{12, 10, false}, // a later success never commits past an earlier record
+		{11, 10, false},
+		{10, 13, true},
+		{14, 13, false},
+		{13, 15, true},
+	}
+	for _, s := range steps {
+		next, _, moved := w.settle(s.settle)
+		if next != s.want || moved != s.moved {
+			t.Fatalf("settle(%d) = %d, %v; want %d, %v", s.settle, next, moved, s.want, s.moved)
+		}
+	}
+	if w.inFlight() != 0 {
+		t.Errorf("inFlight = %d after settling all", w.inFlight())
+	}
+}
+
+func cluster(t *testing.T, topics ...string) []string {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topics...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c.ListenAddrs()
+}
+
+func newClient(t *testing.T, addrs []string, topic string, tiers ...time.Duration) *Client {
+	t.Helper()
+	c, err := New(Options{
+		Name: "test", Brokers: addrs, Topic: topic, Group: "g", Tiers: tiers, Declare: true,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Declare(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func produce(t *testing.T, addrs []string, recs ...*kgo.Record) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func committed(t *testing.T, addrs []string, topic string) int64 {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	offs, err := kadm.NewClient(cl).FetchOffsets(context.Background(), "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, ok := offs.Lookup(topic, 0)
+	if !ok {
+		return -1
+	}
+	return o.At
+}
+
+// consume runs c.Consume until n deliveries arrived and returns them; the
+// client keeps running until the test ends.
+func consume(t *testing.T, c *Client, n int, timeout time.Duration) []broker.Delivery {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var mu sync.Mutex
+	var got []broker.Delivery
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = c.Consume(ctx, func(d broker.Delivery) {
+			mu.Lock()
+			got = append(got, d)
+			mu.Unlock()
+		})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	deadline := time.Now().Add(timeout)
+	for {
+		mu.Lock()
+		k := len(got)
+		mu.Unlock()
+		if k >= n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d deliveries after %v", k, n, timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return append([]broker.Delivery(nil), got...)
+}
+
+func TestCommitsOnlyTheContiguousWatermark(t *testing.T) {
+	addrs := cluster(t, "orders")
+	var recs []*kgo.Record
+	for i := range 10 {
+		recs = append(recs, &kgo.Record{Topic: "orders", Key: []byte("k"), Value: []byte(fmt.Sprint(i))})
+	}
+	produce(t, addrs, recs...)
+	c := newClient(t, addrs, "orders", time.Second)
+	ds := consume(t, c, 10, 10*time.Second)
+	for i, d := range ds {
+		if i != 3 {
+			_ = d.Ack()
+		}
+	}
+	if m := ds[0].Message(); m.Position != "kafka:orders/0/0" || m.Copy || string(m.Key) != "k" {
+		t.Errorf("message = %+v", m)
+	}
+	_ = ds[3].Release() // handed back: holds the commit
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := committed(t, addrs, "orders"); got != 3 {
+		t.Fatalf("committed offset %d, want 3: record 3 was never settled", got)
+	}
+
+	// The next owner starts at the record handed back.
+	c2 := newClient(t, addrs, "orders", time.Second)
+	ds = consume(t, c2, 7, 10*time.Second)
+	if string(ds[0].Message().Body) != "3" {
+		t.Errorf("next owner starts at %q, want record 3", ds[0].Message().Body)
+	}
+	for _, d := range ds {
+		_ = d.Ack()
+	}
+	if err := c2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := committed(t, addrs, "orders"); got != 10 {
+		t.Fatalf("committed offset %d after settling all, want 10 (the log end)", got)
+	}
+}
+
+func TestRetryCopyWaitsUntilDue(t *testing.T) {
+	addrs := cluster(t, "orders")
+	c := newClient(t, addrs, "orders", 500*time.Millisecond)
+	defer c.Close()
+	due := time.Now().Add(800 * time.Millisecond)
+	trail := broker.Trail{EventID: "e-1", Attempt: 1, Hops: 1, FirstAttemptAt: time.Now(), Deadline: time.Now().Add(time.Hour), NextDue: due}
+	orig := &kgo.Record{Topic: "orders", Key: []byte("key-1"), Value: []byte("body"), Headers: []kgo.RecordHeader{
+		{Key: "x-tenant", Value: []byte("acme")}, {Key: "handoff-attempt", Value: []byte("99")},
+	}}
+	msg := &broker.Message{Key: orig.Key, Body: orig.Value, Native: orig}
+	if err := c.Transfer(context.Background(), broker.Destination{Tier: 500 * time.Millisecond}, msg, trail.Headers()); err != nil {
+		t.Fatal(err)
+	}
+	ds := consume(t, c, 1, 10*time.Second)
+	at := time.Now()
+	if at.Before(due) {
+		t.Errorf("copy delivered %v before it was due", due.Sub(at))
+	}
+	m := ds[0].Message()
+	if !m.Copy || string(m.Key) != "key-1" || string(m.Body) != "body" || m.Headers["x-tenant"] != "acme" {
+		t.Errorf("copy = %+v", m)
+	}
+	if got, err := broker.ParseTrail(m.Headers); err != nil || got.EventID != "e-1" || got.Attempt != 1 {
+		t.Errorf("copy trail = %+v, %v (the original's handoff-attempt must be replaced)", got, err)
+	}
+	_ = ds[0].Ack()
+}
+
+func TestDeadLetterTopicKeepsTheRecord(t *testing.T) {
+	addrs := cluster(t, "orders")
+	c := newClient(t, addrs, "orders", time.Second)
+	defer c.Close()
+	orig := &kgo.Record{Topic: "orders", Key: []byte("k"), Value: []byte{0, 1, 2}, Headers: []kgo.RecordHeader{{Key: "a", Value: []byte("1")}, {Key: "a", Value: []byte("2")}}}
+	msg := &broker.Message{Key: orig.Key, Body: orig.Value, Native: orig}
+	trail := broker.Trail{EventID: "e", Attempt: 1, DeadReason: "permanent"}
+	if err := c.Transfer(context.Background(), broker.Destination{DeadLetter: true}, msg, trail.Headers()); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ConsumeTopics(DeadLetterTopic("orders", "g")), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f := cl.PollFetches(ctx)
+	recs := f.Records()
+	if len(recs) != 1 {
+		t.Fatalf("DLQ topic holds %d records: %v", len(recs), f.Errors())
+	}
+	r := recs[0]
+	if string(r.Key) != "k" || string(r.Value) != "\x00\x01\x02" {
+		t.Errorf("DLQ record key %q value %q", r.Key, r.Value)
+	}
+	var as, reason string
+	for _, h := range r.Headers {
+		switch h.Key {
+		case "a":
+			as += string(h.Value)
+		case broker.HeaderDeadReason:
+			reason = string(h.Value)
+		}
+	}
+	if as != "12" || reason != "permanent" {
+		t.Errorf("headers: repeated a=%q (want 12, in order), dead reason %q", as, reason)
+	}
+}

@@ -1,0 +1,62 @@
+package kafka
+
+import "sync"
+
+// watermark tracks the records of one partition handed out and not yet
+// settled, and the offset that may be committed: the first one not settled.
+// It is safe for concurrent use.
+type watermark struct {
+	mu      sync.Mutex
+	pending []mark // in offset order
+	next    int64  // the committable offset: all before it are settled
+	epoch   int32
+}
+
+type mark struct {
+	offset  int64
+	settled bool
+}
+
+// track records that offset was handed out. Offsets arrive in order.
+func (w *watermark) track(offset int64, epoch int32) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.pending) == 0 && offset >= w.next {
+		w.next = offset // nothing in flight: the watermark sits at this record
+	}
+	w.pending = append(w.pending, mark{offset: offset})
+	w.epoch = epoch
+}
+
+// settle marks offset done and returns the new committable offset and
+// whether it moved.
+func (w *watermark) settle(offset int64) (int64, int32, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i := range w.pending {
+		if w.pending[i].offset == offset {
+			w.pending[i].settled = true
+			break
+		}
+	}
+	moved := false
+	for len(w.pending) > 0 && w.pending[0].settled {
+		w.next = w.pending[0].offset + 1
+		w.pending = w.pending[1:]
+		moved = true
+	}
+	return w.next, w.epoch, moved
+}
+
+// inFlight is how many records are handed out and not settled.
+func (w *watermark) inFlight() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, m := range w.pending {
+		if !m.settled {
+			n++
+		}
+	}
+	return n
+}
