@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"handoff.dev/handoff/internal/broker/rabbitmq"
 	"handoff.dev/handoff/internal/budget"
 	"handoff.dev/handoff/internal/config"
 	"handoff.dev/handoff/internal/dispatch"
@@ -135,43 +133,25 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 	}
 
 	var (
-		clients []*rabbitmq.Client
+		sources []source
 		routes  []dispatch.Route
 		checks  []telemetry.Check
 	)
-	prefetchTotal := 0
-	for _, s := range cfg.Sources {
-		r := s.RabbitMQ
-		if r == nil {
-			return &exitError{code: exitConfig, err: fmt.Errorf("source %q: only rabbitmq sources are supported", s.Name)}
-		}
-		c := rabbitmq.NewClient(rabbitmq.Options{
-			Name:     s.Name,
-			URL:      r.URL,
-			Queue:    r.Queue,
-			Prefetch: r.Prefetch,
-			Tiers:    policy.Tiers,
-			Declare:  *r.Declare,
-			Logger:   log,
-		})
-		clients = append(clients, c)
-		routes = append(routes, dispatch.Route{
-			Name:     s.Name,
-			Sources:  []dispatch.Source{c.Source(), c.RetrySource()},
-			Transfer: c,
-			CESource: "/rabbitmq/" + r.Queue,
-		})
-		checks = append(checks, telemetry.Check{Name: "source " + s.Name, Ready: func() error {
-			if !c.Connected() {
-				return errors.New("broker not connected")
+	for _, sc := range cfg.Sources {
+		src, err := buildSource(sc, cfg, policy.Tiers, log)
+		if err != nil {
+			for _, b := range sources {
+				b.close()
 			}
-			return nil
-		}})
-		prefetchTotal += r.Prefetch
-	}
-	if prefetchTotal < cfg.Handler.MaxConcurrency {
-		log.Warn("the sources' prefetch adds up to less than handler.max_concurrency; concurrency is capped by prefetch",
-			"prefetch_total", prefetchTotal, "max_concurrency", cfg.Handler.MaxConcurrency)
+			return err
+		}
+		sources = append(sources, src)
+		routes = append(routes, src.route)
+		checks = append(checks, telemetry.Check{Name: "source " + sc.Name, Ready: src.ready})
+		if r := sc.RabbitMQ; r != nil && r.Prefetch < cfg.Handler.MaxConcurrency {
+			log.Warn("prefetch is below handler.max_concurrency: this source cannot use all of it",
+				"source", sc.Name, "prefetch", r.Prefetch, "max_concurrency", cfg.Handler.MaxConcurrency)
+		}
 	}
 
 	engine := dispatch.New(dispatch.Options{
@@ -191,13 +171,18 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 	brokers, stopBrokers := context.WithCancel(context.Background())
 	defer stopBrokers()
 	var wg sync.WaitGroup
-	for _, c := range clients {
+	for _, src := range sources {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_ = c.Run(brokers)
+			src.run(brokers)
 		}()
 	}
+	defer func() {
+		for _, src := range sources {
+			src.close()
+		}
+	}()
 
 	servers, stopServers := context.WithCancel(context.Background())
 	defer stopServers()
@@ -230,4 +215,24 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 		err = serverErr
 	}
 	return err
+}
+
+// source is one configured source, built: its route into the engine, its
+// readiness, what runs while it is up, and what closes it after the engine
+// has stopped.
+type source struct {
+	route dispatch.Route
+	ready func() error
+	run   func(ctx context.Context)
+	close func()
+}
+
+func buildSource(sc config.Source, cfg config.Config, tiers []time.Duration, log *slog.Logger) (source, error) {
+	switch {
+	case sc.RabbitMQ != nil:
+		return rabbitSource(sc, tiers, log), nil
+	case sc.Kafka != nil:
+		return kafkaSource(sc, tiers, log)
+	}
+	return source{}, &exitError{code: exitConfig, err: fmt.Errorf("source %q: no broker configured", sc.Name)}
 }

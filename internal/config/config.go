@@ -43,12 +43,22 @@ type RabbitMQ struct {
 	Declare *bool `yaml:"declare"`
 }
 
-// Kafka is a topic consumed by a consumer group. It is part of the schema so
-// that a file naming it gets a precise answer; this build cannot run it yet.
+// Kafka is a topic consumed by a consumer group.
 type Kafka struct {
 	Brokers []string `yaml:"brokers"`
 	Topic   string   `yaml:"topic"`
 	Group   string   `yaml:"group"`
+	// Ordering is none (parallel within a partition; the default), key or
+	// partition.
+	Ordering string `yaml:"ordering"`
+	// Declare creates the retry and dead-letter topics when missing.
+	Declare *bool `yaml:"declare"`
+	// TransactionalTransfer produces a copy and commits the source offset in
+	// one Kafka transaction.
+	TransactionalTransfer bool `yaml:"transactional_transfer"`
+	// MaxInFlight bounds records handed out and not yet settled. Zero means
+	// four times handler.max_concurrency.
+	MaxInFlight int `yaml:"max_in_flight"`
 }
 
 // Retry bounds how often and how long a message is tried.
@@ -122,6 +132,18 @@ func Default() Config {
 // applySourceDefaults fills per-source defaults that depend on other keys.
 func (c *Config) applySourceDefaults() {
 	for i := range c.Sources {
+		if k := c.Sources[i].Kafka; k != nil {
+			if k.Ordering == "" {
+				k.Ordering = "none"
+			}
+			if k.Declare == nil {
+				t := true
+				k.Declare = &t
+			}
+			if k.MaxInFlight == 0 {
+				k.MaxInFlight = 4 * c.Handler.MaxConcurrency
+			}
+		}
 		if r := c.Sources[i].RabbitMQ; r != nil {
 			if r.Prefetch == 0 {
 				r.Prefetch = c.Handler.MaxConcurrency

@@ -127,11 +127,19 @@ func TestParseProblems(t *testing.T) {
 		{"missing queue", replace(t, "      queue: orders\n", ""), []string{"sources[0].rabbitmq.queue: required"}},
 		{"bad admin listen", replace(t, "listen: 127.0.0.1:9400", "listen: nowhere"), []string{"admin.listen: want host:port"}},
 		{"list where mapping", replace(t, "journal:   {path: ./handoff.db}", "journal: [a]"), []string{"journal: want a mapping"}},
-		{"kafka not yet", replace(t, `    rabbitmq:
+		{"kafka ordering not yet", replace(t, `    rabbitmq:
       url: amqp://guest:guest@127.0.0.1:5672/
       queue: orders
       prefetch: 100
-`, "    kafka: {brokers: [\"127.0.0.1:9092\"], topic: t, group: g}\n"), []string{"sources[0].kafka: Kafka sources are not supported by this build yet"}},
+`, "    kafka: {brokers: [\"127.0.0.1:9092\"], topic: t, group: g, ordering: key}\n"), []string{"sources[0].kafka.ordering: ordering \"key\" is not supported by this build yet"}},
+		{"kafka fields", replace(t, `    rabbitmq:
+      url: amqp://guest:guest@127.0.0.1:5672/
+      queue: orders
+      prefetch: 100
+`, "    kafka: {brokers: [\"nohost\"], ordering: sideways}\n"), []string{
+			"sources[0].kafka.brokers[0]: want host:port", "sources[0].kafka.topic: required",
+			"sources[0].kafka.group: required", "sources[0].kafka.ordering: want none, key or partition",
+		}},
 		{"every problem at once", replace(t, "max_attempts: 4\n  base: 100ms\n  cap: 2s\n  tiers: [1s, 10s, 1m, 10m]", "max_attempts: 0\n  base: 100ms\n  cap: 1ms\n  tiers: [2s, 1s]"), []string{
 			"retry.max_attempts:", "retry.cap:", "retry.tiers[1]:",
 		}},

@@ -38,7 +38,7 @@ func (c *Config) Validate() error {
 		case s.RabbitMQ != nil:
 			s.RabbitMQ.validate(path+".rabbitmq", c.Retry.Tiers, &ps)
 		case s.Kafka != nil:
-			ps.add(path+".kafka", "Kafka sources are not supported by this build yet; use rabbitmq")
+			s.Kafka.validate(path+".kafka", &ps)
 		default:
 			ps.add(path, "exactly one broker per source: set rabbitmq or kafka")
 		}
@@ -111,6 +111,34 @@ func (r *RabbitMQ) validate(path string, tiers []Duration, ps *Problems) {
 	}
 	if r.Prefetch < 0 || r.Prefetch > 65535 {
 		ps.add(path+".prefetch", "must be between 0 and 65535")
+	}
+}
+
+func (k *Kafka) validate(path string, ps *Problems) {
+	if len(k.Brokers) == 0 {
+		ps.add(path+".brokers", "at least one broker (host:port) is required")
+	}
+	for i, b := range k.Brokers {
+		validateListen(fmt.Sprintf("%s.brokers[%d]", path, i), b, false, ps)
+	}
+	if k.Topic == "" {
+		ps.add(path+".topic", "required")
+	}
+	if k.Group == "" {
+		ps.add(path+".group", "required")
+	}
+	switch k.Ordering {
+	case "", "none":
+	case "key", "partition":
+		ps.add(path+".ordering", "ordering %q is not supported by this build yet; use none", k.Ordering)
+	default:
+		ps.add(path+".ordering", "want none, key or partition, got %q", k.Ordering)
+	}
+	if k.TransactionalTransfer {
+		ps.add(path+".transactional_transfer", "not supported by this build yet")
+	}
+	if k.MaxInFlight < 0 {
+		ps.add(path+".max_in_flight", "must not be negative")
 	}
 }
 

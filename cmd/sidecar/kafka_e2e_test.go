@@ -1,0 +1,184 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/broker/kafka"
+	"handoff.dev/handoff/internal/config"
+)
+
+// The RabbitMQ outcome contract, through a Kafka source (kfake: franz-go's
+// in-process cluster speaking the real protocol).
+
+func kafkaCluster(t *testing.T, topic string, partitions int32) []string {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c.ListenAddrs()
+}
+
+func kafkaConfig(appURL string, brokers []string, topic string, tiers ...time.Duration) config.Config {
+	cfg := testConfig(appURL, "unused", tiers...)
+	declare := true
+	cfg.Sources = []config.Source{{Name: "test", Kafka: &config.Kafka{
+		Brokers: brokers, Topic: topic, Group: "g", Ordering: "none", Declare: &declare, MaxInFlight: 64,
+	}}}
+	return cfg
+}
+
+func produceKafka(t *testing.T, brokers []string, recs ...*kgo.Record) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// readTopic returns every record in topic.
+func readTopic(t *testing.T, brokers []string, topic string) []*kgo.Record {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	end, err := kadm.NewClient(cl).ListEndOffsets(context.Background(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want int64
+	end.Each(func(o kadm.ListedOffset) { want += o.Offset })
+	var out []*kgo.Record
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for int64(len(out)) < want {
+		f := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("read %d of %d records of %s", len(out), want, topic)
+		}
+		out = append(out, f.Records()...)
+	}
+	return out
+}
+
+func header(r *kgo.Record, key string) string {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+func TestKafkaOutcomeContract(t *testing.T) {
+	t.Parallel()
+	const topic = "orders"
+	brokers := kafkaCluster(t, topic, 3)
+	const tierD = 400 * time.Millisecond
+	a := newApp(t, func(w http.ResponseWriter, c call, prior []call) {
+		switch c.Header.Get("Ce-Id") {
+		case "ok":
+			w.WriteHeader(http.StatusOK)
+		case "flaky":
+			if len(prior) == 0 {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				return
+			}
+			w.WriteHeader(http.StatusOK)
+		case "poison":
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			_, _ = w.Write([]byte("bad sku"))
+		case "later":
+			if len(prior) == 0 {
+				w.Header().Set("Retry-After", "1")
+				w.WriteHeader(http.StatusTooManyRequests)
+				return
+			}
+			w.WriteHeader(http.StatusOK)
+		default:
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	})
+	cfg := kafkaConfig(a.url(), brokers, topic, tierD, 2*tierD)
+	cfg.Retry.MaxAttempts = 3
+	s := startSidecar(t, cfg)
+
+	forged := []kgo.RecordHeader{{Key: broker.HeaderAttempt, Value: []byte("7")}, {Key: broker.HeaderDeadline, Value: []byte("2000-01-01T00:00:00.000Z")}}
+	rec := func(id string, hs ...kgo.RecordHeader) *kgo.Record {
+		return &kgo.Record{Topic: topic, Key: []byte("key-" + id), Value: []byte("body-" + id),
+			Headers: append([]kgo.RecordHeader{{Key: "ce_id", Value: []byte(id)}}, hs...)}
+	}
+	produceKafka(t, brokers, rec("ok", forged...), rec("flaky"), rec("poison"), rec("broken"), rec("later"))
+	dlq := kafka.DeadLetterTopic(topic, "g")
+	waitFor(t, 20*time.Second, "every outcome", func() bool {
+		return len(a.callsFor("ok")) == 1 && len(a.callsFor("flaky")) == 2 && len(a.callsFor("later")) == 2 &&
+			len(a.callsFor("broken")) == 3 && len(a.callsFor("poison")) == 1
+	})
+	waitFor(t, 10*time.Second, "two DLQ records", func() bool { return len(readTopic(t, brokers, dlq)) == 2 })
+	time.Sleep(3 * tierD)
+	s.stop(t)
+
+	if c := a.callsFor("ok")[0]; c.Header.Get("Handoff-Attempt") != "1" {
+		t.Errorf("forged handoff-attempt reached the app: %s", c.Header.Get("Handoff-Attempt"))
+	}
+	flaky := a.callsFor("flaky")
+	if len(flaky) != 2 || flaky[1].Header.Get("Handoff-Attempt") != "2" || flaky[1].At.Sub(flaky[0].At) < tierD {
+		t.Errorf("transient then success: %d calls, attempt %q, gap %v (want 2, 2, >= %v)",
+			len(flaky), flaky[len(flaky)-1].Header.Get("Handoff-Attempt"), flaky[len(flaky)-1].At.Sub(flaky[0].At), tierD)
+	}
+	if later := a.callsFor("later"); later[1].At.Sub(later[0].At) < time.Second {
+		t.Errorf("Retry-After: 1 not honoured: second call %v after the first", later[1].At.Sub(later[0].At))
+	}
+	if n := len(a.callsFor("broken")); n != 3 {
+		t.Errorf("500 forever: %d calls, want max_attempts=3", n)
+	}
+	reasons := map[string]string{}
+	for _, r := range readTopic(t, brokers, dlq) {
+		id := header(r, broker.HeaderEventID)
+		reasons[id] = header(r, broker.HeaderDeadReason)
+		if string(r.Key) != "key-"+id || string(r.Value) != "body-"+id || header(r, "ce_id") != id {
+			t.Errorf("DLQ record of %s lost its key, value or headers: %q %q", id, r.Key, r.Value)
+		}
+	}
+	if reasons["poison"] != "permanent" || reasons["broken"] != "max-attempts" {
+		t.Errorf("DLQ reasons = %v, want poison: permanent, broken: max-attempts", reasons)
+	}
+
+	// After a graceful stop the group's committed offsets are the log end:
+	// no lag, nothing skipped.
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	ends, err := adm.ListEndOffsets(context.Background(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	offs, err := adm.FetchOffsets(context.Background(), "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ends.Each(func(e kadm.ListedOffset) {
+		got, _ := offs.Lookup(topic, e.Partition)
+		if got.At != e.Offset {
+			t.Errorf("partition %d: committed %d, log end %d", e.Partition, got.At, e.Offset)
+		}
+	})
+}

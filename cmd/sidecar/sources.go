@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"handoff.dev/handoff/internal/broker/kafka"
+	"handoff.dev/handoff/internal/broker/rabbitmq"
+	"handoff.dev/handoff/internal/config"
+	"handoff.dev/handoff/internal/dispatch"
+)
+
+func rabbitSource(sc config.Source, tiers []time.Duration, log *slog.Logger) source {
+	r := sc.RabbitMQ
+	c := rabbitmq.NewClient(rabbitmq.Options{
+		Name:     sc.Name,
+		URL:      r.URL,
+		Queue:    r.Queue,
+		Prefetch: r.Prefetch,
+		Tiers:    tiers,
+		Declare:  *r.Declare,
+		Logger:   log,
+	})
+	return source{
+		route: dispatch.Route{
+			Name:     sc.Name,
+			Sources:  []dispatch.Source{c.Source(), c.RetrySource()},
+			Transfer: c,
+			CESource: "/rabbitmq/" + r.Queue,
+		},
+		ready: func() error {
+			if !c.Connected() {
+				return errors.New("broker not connected")
+			}
+			return nil
+		},
+		// Run keeps the connection up and closes it when its ctx ends.
+		run:   func(ctx context.Context) { _ = c.Run(ctx) },
+		close: func() {},
+	}
+}
+
+func kafkaSource(sc config.Source, tiers []time.Duration, log *slog.Logger) (source, error) {
+	k := sc.Kafka
+	c, err := kafka.New(kafka.Options{
+		Name:        sc.Name,
+		Brokers:     k.Brokers,
+		Topic:       k.Topic,
+		Group:       k.Group,
+		Tiers:       tiers,
+		Declare:     *k.Declare,
+		MaxInFlight: k.MaxInFlight,
+		Logger:      log,
+	})
+	if err != nil {
+		return source{}, err
+	}
+	var declared atomic.Bool
+	return source{
+		route: dispatch.Route{
+			Name:     sc.Name,
+			Sources:  []dispatch.Source{c},
+			Transfer: c,
+			CESource: "/kafka/" + k.Topic,
+		},
+		ready: func() error {
+			if !declared.Load() {
+				return errors.New("topics not yet checked")
+			}
+			return nil
+		},
+		// The client reconnects by itself; what must succeed once is the
+		// check (and creation) of the derived topics.
+		run: func(ctx context.Context) {
+			backoff := 100 * time.Millisecond
+			for {
+				err := c.Declare(ctx)
+				if err == nil {
+					declared.Store(true)
+					return
+				}
+				log.Warn("kafka topics not ready", "source", sc.Name, "err", err, "retry_in", backoff)
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(backoff):
+				}
+				backoff = min(backoff*2, 10*time.Second)
+			}
+		},
+		close: func() {
+			if err := c.Close(); err != nil {
+				log.Warn("kafka close: committing offsets failed", "source", sc.Name, "err", err)
+			}
+		},
+	}, nil
+}
