@@ -3,10 +3,14 @@ PKGS     := ./...
 # Broker tests talk to the RabbitMQ that .ci/run (or you) started.
 export HANDOFF_RABBITMQ_URL ?= amqp://guest:guest@127.0.0.1:5672/
 
-.PHONY: build test test-short lint fmt fuzz bench clean
+.PHONY: build demo test test-short lint fmt fuzz bench clean
 
 build:
 	$(GO) build -o bin/sidecar ./cmd/sidecar
+
+# The whole pipeline on an embedded Kafka, with a demo producer and app.
+demo: build
+	bin/sidecar dev
 
 # The full suite, broker tests included, with the race detector.
 test:

@@ -56,7 +56,7 @@ func rootCmd() *cobra.Command {
 	}
 	root.PersistentFlags().String("log-level", "info", "debug, info, warn or error")
 	root.PersistentFlags().String("log-format", "text", "text or json")
-	root.AddCommand(runCmd(), validateCmd(), journalCmd())
+	root.AddCommand(runCmd(), validateCmd(), journalCmd(), devCmd())
 	return root
 }
 

@@ -72,6 +72,14 @@ type partition struct {
 	out map[*delivery]struct{} // handed out, neither acked nor released
 }
 
+// outstanding is how many of the partition's deliveries are neither acked
+// nor released.
+func (p *partition) outstanding() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.out)
+}
+
 // finish takes d off the partition's outstanding set and frees its in-flight
 // slot; it reports false when d was finished already.
 func (p *partition) finish(d *delivery, sem chan struct{}) bool {
@@ -164,7 +172,7 @@ func (c *Client) revoked(ctx context.Context, cl *kgo.Client, revoked map[string
 	c.mu.Unlock()
 	deadline := time.Now().Add(c.o.RevokeTimeout)
 	for _, p := range ps {
-		for p.wm.inFlight() > 0 && time.Now().Before(deadline) {
+		for p.outstanding() > 0 && time.Now().Before(deadline) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}

@@ -1,0 +1,298 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/broker/kafka"
+	"handoff.dev/handoff/internal/config"
+)
+
+// devTopic is the demo's source topic; the group is devGroup.
+const (
+	devTopic = "demo.orders"
+	devGroup = "demo"
+)
+
+func devCmd() *cobra.Command {
+	var (
+		messages int
+		every    time.Duration
+		untilEnd bool
+	)
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Run the whole pipeline on an embedded Kafka with a demo producer and a demo app that fails some messages",
+		Long: `dev starts an in-process Kafka cluster, a demo app on loopback that answers
+most orders 200, fails some transiently (503, then 200) and rejects some (422),
+and a producer of demo orders; then it runs the real sidecar between them and
+prints what happens to each message: every attempt, its answer, and where the
+message went. Ctrl-C stops it cleanly.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runDev(cmd.Context(), cmd.OutOrStdout(), messages, every, untilEnd)
+		},
+	}
+	cmd.Flags().IntVar(&messages, "messages", 30, "orders to produce")
+	cmd.Flags().DurationVar(&every, "every", 250*time.Millisecond, "time between orders")
+	cmd.Flags().BoolVar(&untilEnd, "exit-when-done", false, "exit once every order is handled or dead-lettered")
+	return cmd
+}
+
+// devOrder is the demo's message body.
+type devOrder struct {
+	ID   string `json:"id"`
+	Kind string `json:"kind"` // ok, flaky, bad, down
+}
+
+func devKind(i int) string {
+	switch {
+	case i%10 == 4:
+		return "bad"
+	case i%12 == 10:
+		return "down"
+	case i%5 == 2:
+		return "flaky"
+	}
+	return "ok"
+}
+
+func runDev(ctx context.Context, out io.Writer, messages int, every time.Duration, untilEnd bool) error {
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, devTopic))
+	if err != nil {
+		return fmt.Errorf("embedded kafka: %w", err)
+	}
+	defer cluster.Close()
+	brokers := cluster.ListenAddrs()
+
+	dir, err := os.MkdirTemp("", "handoff-dev-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+
+	acct := &devAccount{out: out, start: time.Now(), state: map[string]string{}}
+	app, err := startDevApp(acct)
+	if err != nil {
+		return err
+	}
+	defer app.Close()
+
+	cfg := config.Default()
+	cfg.Handler.URL = "http://" + app.Addr + "/events"
+	cfg.Handler.Timeout = config.Duration(2 * time.Second)
+	cfg.Handler.MaxConcurrency = 8
+	declare := true
+	cfg.Sources = []config.Source{{Name: "demo", Kafka: &config.Kafka{
+		Brokers: brokers, Topic: devTopic, Group: devGroup, Ordering: "none", Declare: &declare, MaxInFlight: 32,
+	}}}
+	cfg.Retry.MaxAttempts = 4
+	cfg.Retry.Tiers = []config.Duration{config.Duration(time.Second), config.Duration(3 * time.Second)}
+	cfg.Journal.Path = filepath.Join(dir, "handoff.db")
+	cfg.Telemetry.MetricsListen = ""
+	cfg.Shutdown.DrainTimeout = config.Duration(5 * time.Second)
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+
+	fmt.Fprintf(out, "Handoff dev: embedded Kafka at %s, topic %s, demo app at %s\n", brokers[0], devTopic, app.Addr)
+	fmt.Fprintf(out, "Orders: most succeed; some fail once (503) then succeed, some are rejected (422), one keeps failing (500).\n")
+	fmt.Fprintf(out, "Retry tiers 1s and 3s, max 4 attempts; dead letters go to %s. Ctrl-C to stop.\n\n", kafka.DeadLetterTopic(devTopic, devGroup))
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, cfg, log, hooks{}) }()
+
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		devProduce(ctx, brokers, messages, every, acct)
+	}()
+	go func() {
+		defer wg.Done()
+		devWatchDLQ(ctx, brokers, acct)
+	}()
+	if untilEnd {
+		go func() {
+			for ctx.Err() == nil {
+				if acct.finished(messages) {
+					cancel()
+					return
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}()
+	}
+	err = <-done
+	cancel()
+	wg.Wait()
+	acct.totals(messages)
+	return err
+}
+
+// devAccount prints the live account and keeps the totals.
+type devAccount struct {
+	mu       sync.Mutex
+	out      io.Writer
+	start    time.Time
+	state    map[string]string // id → ok, dead
+	calls    int
+	produced int
+}
+
+func (a *devAccount) line(format string, args ...any) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	fmt.Fprintf(a.out, "%6.2fs  "+format+"\n", append([]any{time.Since(a.start).Seconds()}, args...)...)
+}
+
+func (a *devAccount) finished(messages int) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.produced == messages && len(a.state) == messages
+}
+
+func (a *devAccount) totals(messages int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ok, dead := 0, 0
+	for _, s := range a.state {
+		if s == "ok" {
+			ok++
+		} else {
+			dead++
+		}
+	}
+	fmt.Fprintf(a.out, "\nTotals: %d produced, %d handled, %d dead-lettered, %d still in flight; %d calls to the app.\n",
+		a.produced, ok, dead, a.produced-ok-dead, a.calls)
+}
+
+type devApp struct {
+	Addr string
+	srv  *http.Server
+}
+
+func (d *devApp) Close() { _ = d.srv.Close() }
+
+// startDevApp serves the demo app: it answers by the order's kind and attempt.
+func startDevApp(acct *devAccount) (*devApp, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	srv := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var o devOrder
+		body, _ := io.ReadAll(r.Body)
+		attempt := r.Header.Get("Handoff-Attempt")
+		if err := json.Unmarshal(body, &o); err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		acct.mu.Lock()
+		acct.calls++
+		acct.mu.Unlock()
+		switch {
+		case o.Kind == "bad":
+			acct.line("%s  attempt %s  → 422 rejected: the app cannot take it", o.ID, attempt)
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			_, _ = w.Write([]byte("unknown product"))
+		case o.Kind == "down":
+			acct.line("%s  attempt %s  → 500 error: retried until attempts run out", o.ID, attempt)
+			w.WriteHeader(http.StatusInternalServerError)
+		case o.Kind == "flaky" && attempt == "1":
+			acct.line("%s  attempt %s  → 503 busy: retried later", o.ID, attempt)
+			w.WriteHeader(http.StatusServiceUnavailable)
+		default:
+			acct.line("%s  attempt %s  → 200 handled", o.ID, attempt)
+			acct.mu.Lock()
+			acct.state[o.ID] = "ok"
+			acct.mu.Unlock()
+			w.WriteHeader(http.StatusOK)
+		}
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	return &devApp{Addr: ln.Addr().String(), srv: srv}, nil
+}
+
+func devProduce(ctx context.Context, brokers []string, messages int, every time.Duration, acct *devAccount) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		acct.line("producer: %v", err)
+		return
+	}
+	defer cl.Close()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for i := range messages {
+		o := devOrder{ID: fmt.Sprintf("order-%04d", i+1), Kind: devKind(i)}
+		body, _ := json.Marshal(o)
+		rec := &kgo.Record{Topic: devTopic, Key: []byte(o.ID), Value: body, Headers: []kgo.RecordHeader{
+			{Key: "ce_id", Value: []byte(o.ID)}, {Key: "ce_type", Value: []byte("demo.order")}, {Key: "content-type", Value: []byte("application/json")},
+		}}
+		if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+			if !errors.Is(err, context.Canceled) {
+				acct.line("producer: %v", err)
+			}
+			return
+		}
+		acct.mu.Lock()
+		acct.produced++
+		acct.mu.Unlock()
+		acct.line("%s  produced (%s)", o.ID, o.Kind)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// devWatchDLQ reports each dead letter with its reason.
+func devWatchDLQ(ctx context.Context, brokers []string, acct *devAccount) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(kafka.DeadLetterTopic(devTopic, devGroup)),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200*time.Millisecond))
+	if err != nil {
+		return
+	}
+	defer cl.Close()
+	for ctx.Err() == nil {
+		f := cl.PollFetches(ctx)
+		f.EachRecord(func(r *kgo.Record) {
+			var id, reason, why, attempt string
+			for _, h := range r.Headers {
+				switch h.Key {
+				case broker.HeaderEventID:
+					id = string(h.Value)
+				case broker.HeaderDeadReason:
+					reason = string(h.Value)
+				case broker.HeaderError:
+					why = string(h.Value)
+				case broker.HeaderAttempt:
+					attempt = string(h.Value)
+				}
+			}
+			acct.line("%s  dead-lettered after %s attempt(s): %s (%s)", id, attempt, reason, why)
+			acct.mu.Lock()
+			acct.state[id] = "dead"
+			acct.mu.Unlock()
+		})
+	}
+}

@@ -1,0 +1,79 @@
+package main
+
+import (
+	"bytes"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// sidecar dev runs the real pipeline on kfake and accounts for every order.
+func TestDevAccountsForEveryOrder(t *testing.T) {
+	t.Parallel()
+	bin := sidecarBinary(t)
+	var out bytes.Buffer
+	cmd := exec.Command(bin, "dev", "--messages", "24", "--every", "20ms", "--exit-when-done")
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("sidecar dev: %v\n%s", err, out.String())
+		}
+	case <-time.After(60 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatalf("sidecar dev did not finish 24 orders in 60s:\n%s", out.String())
+	}
+	m := regexp.MustCompile(`Totals: (\d+) produced, (\d+) handled, (\d+) dead-lettered, (\d+) still in flight`).FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatalf("no totals line:\n%s", out.String())
+	}
+	n := func(i int) int { v, _ := strconv.Atoi(m[i]); return v }
+	// Orders 5 and 15 (rejected) and 11 and 23 (always 500) are dead
+	// letters; the rest succeed.
+	if n(1) != 24 || n(2) != 20 || n(3) != 4 || n(4) != 0 {
+		t.Errorf("totals = %s, want 24 produced, 20 handled, 4 dead-lettered, 0 in flight\n%s", m[0], out.String())
+	}
+	for _, want := range []string{"503 busy", "attempt 2  → 200 handled", "dead-lettered after 1 attempt(s): permanent", "dead-lettered after 4 attempt(s): max-attempts"} {
+		if !bytes.Contains(out.Bytes(), []byte(want)) {
+			t.Errorf("the account never says %q", want)
+		}
+	}
+}
+
+// Ctrl-C stops the demo cleanly: exit 0, with the totals printed.
+func TestDevStopsOnInterrupt(t *testing.T) {
+	t.Parallel()
+	bin := sidecarBinary(t)
+	var out bytes.Buffer
+	cmd := exec.Command(bin, "dev", "--messages", "1000", "--every", "50ms")
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("sidecar dev exited with %v after Ctrl-C\n%s", err, out.String())
+		}
+	case <-time.After(20 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatalf("sidecar dev still running 20s after Ctrl-C:\n%s", out.String())
+	}
+	if !bytes.Contains(out.Bytes(), []byte("Totals: ")) {
+		t.Errorf("no totals after Ctrl-C:\n%s", out.String())
+	}
+}
