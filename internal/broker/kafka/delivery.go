@@ -8,10 +8,10 @@ import (
 
 // delivery is one record with its handle.
 type delivery struct {
-	c    *Client
-	st   *partition
-	r    *kgo.Record
-	msg  broker.Message
+	c   *Client
+	st  *partition
+	r   *kgo.Record
+	msg broker.Message
 }
 
 var _ broker.Delivery = (*delivery)(nil)
