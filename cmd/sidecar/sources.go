@@ -52,6 +52,7 @@ func kafkaSource(sc config.Source, tiers []time.Duration, log *slog.Logger) (sou
 		Group:       k.Group,
 		Tiers:       tiers,
 		Declare:     *k.Declare,
+		Ordering:    k.Ordering,
 		MaxInFlight: k.MaxInFlight,
 		Logger:      log,
 	})
@@ -65,6 +66,9 @@ func kafkaSource(sc config.Source, tiers []time.Duration, log *slog.Logger) (sou
 			Sources:  []dispatch.Source{c},
 			Transfer: c,
 			CESource: "/kafka/" + k.Topic,
+			// Ordered modes retry where the record is: a copy in a retry
+			// topic would let the records behind it overtake it.
+			InPlace: k.Ordering != "none",
 		},
 		ready: func() error {
 			if !declared.Load() {

@@ -29,6 +29,10 @@ type Message struct {
 	// Origin says where the message was first consumed, for example
 	// "rabbitmq:orders" or "kafka:orders/3/1207".
 	Origin string
+	// OrderKey, when not empty, names the sequence the message belongs to:
+	// messages with the same OrderKey are handed to the app one at a time, in
+	// delivery order (Kafka ordering key or partition).
+	OrderKey string
 	// Copy says the message was consumed from a destination the sidecar
 	// writes to itself (a retry queue or topic): its handoff-* headers are
 	// the sidecar's own and are read; on any other message they are ignored.

@@ -128,9 +128,7 @@ func (k *Kafka) validate(path string, ps *Problems) {
 		ps.add(path+".group", "required")
 	}
 	switch k.Ordering {
-	case "", "none":
-	case "key", "partition":
-		ps.add(path+".ordering", "ordering %q is not supported by this build yet; use none", k.Ordering)
+	case "", "none", "key", "partition":
 	default:
 		ps.add(path+".ordering", "want none, key or partition, got %q", k.Ordering)
 	}

@@ -46,6 +46,7 @@ type Engine struct {
 	slots   chan struct{}
 	gate    *gate
 	keys    *keyLocks
+	order   *sequencer
 	workers sync.WaitGroup
 
 	fatalMu    sync.Mutex
@@ -68,6 +69,7 @@ func New(o Options) *Engine {
 		slots: make(chan struct{}, max(o.MaxConcurrency, 1)),
 		gate:  newGate(o.Handler.Probe, o.Logger),
 		keys:  newKeyLocks(),
+		order: newSequencer(),
 	}
 }
 
@@ -171,10 +173,26 @@ func (e *Engine) admit(intake, work context.Context, r *Route, d broker.Delivery
 		e.handBack(d)
 		return
 	}
+	msg := d.Message()
+	var wait <-chan struct{}
+	leave := func() {}
+	if msg.OrderKey != "" {
+		wait, leave = e.order.enter(msg.OrderKey)
+	}
 	e.workers.Add(1)
 	go func() {
 		defer e.workers.Done()
-		msg := d.Message()
+		defer leave()
+		if wait != nil {
+			select {
+			case <-wait:
+			case <-work.Done():
+				e.handBack(d)
+				return
+			case <-d.Lost():
+				return
+			}
+		}
 		h := handoff{e: e, r: r, d: d, msg: msg, retry: msg.Copy, intake: intake}
 		h.run(work)
 	}()

@@ -297,6 +297,10 @@ func (h *handoff) decide(ctx context.Context, attempt int, res handler.Result, r
 		h.settle("handled")
 	case budget.Delay:
 		t.NextDue = dec.Due
+		if h.r.InPlace {
+			h.retryInPlace(ctx, dec.Due, outcome)
+			return
+		}
 		h.transfer(ctx, nil, broker.Destination{Tier: dec.Tier}, "retry", outcome...)
 	case budget.DeadLetter:
 		h.deadLetter(ctx, dec.Reason, outcome...)
@@ -304,6 +308,30 @@ func (h *handoff) decide(ctx context.Context, attempt int, res handler.Result, r
 		h.logger().Error("no action for outcome; handing message back", "outcome", res.Outcome)
 		h.handBack()
 	}
+}
+
+// retryInPlace waits until due with the delivery unsettled, then attempts
+// again. The message holds its place: nothing behind it in its sequence
+// runs meanwhile, and its offset is not committed.
+func (h *handoff) retryInPlace(ctx context.Context, due time.Time, outcome []journal.Record) {
+	if len(outcome) > 0 {
+		h.appendAsync(outcome[0])
+	}
+	t := time.NewTimer(max(due.Sub(h.e.now()), 0))
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-h.intake.Done():
+		h.handBack()
+		return
+	case <-ctx.Done():
+		h.handBack()
+		return
+	case <-h.d.Lost():
+		return
+	}
+	h.trail.NextDue = time.Time{}
+	h.attempt(ctx)
 }
 
 func (h *handoff) deadLetter(ctx context.Context, reason budget.Reason, before ...journal.Record) {

@@ -52,4 +52,9 @@ type Route struct {
 	Transfer Transferer
 	// CESource is the ce-source given to messages that carry none.
 	CESource string
+	// InPlace retries a failed message where it is — the delivery stays
+	// unsettled and the walk waits until the retry is due — instead of
+	// moving it to a delay tier: for ordered consumption, where a later
+	// message must not overtake it.
+	InPlace bool
 }

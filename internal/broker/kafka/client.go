@@ -24,6 +24,9 @@ type Options struct {
 	Tiers   []time.Duration
 	// Declare creates the retry and dead-letter topics when missing.
 	Declare bool
+	// Ordering is "none", "key" (records of one key one at a time, in
+	// order) or "partition" (records of one partition one at a time).
+	Ordering string
 	// MaxInFlight bounds records handed out and not yet settled: Kafka has
 	// no prefetch, so this is what holds intake back. Zero means 256.
 	MaxInFlight int

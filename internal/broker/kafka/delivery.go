@@ -1,6 +1,8 @@
 package kafka
 
 import (
+	"strconv"
+
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"handoff.dev/handoff/internal/broker"
@@ -27,7 +29,19 @@ func (c *Client) newDelivery(st *partition, r *kgo.Record) *delivery {
 		}
 	}
 	pos := position(r)
+	var order string
+	if !c.retry[r.Topic] {
+		switch c.o.Ordering {
+		case "partition":
+			order = r.Topic + "/" + strconv.Itoa(int(r.Partition))
+		case "key":
+			// A key lives in one partition; the partition in the name keeps
+			// keys of two topics apart.
+			order = r.Topic + "/" + strconv.Itoa(int(r.Partition)) + "/" + string(r.Key)
+		}
+	}
 	d.msg = broker.Message{
+		OrderKey:    order,
 		Body:        r.Value,
 		ContentType: contentType,
 		Key:         r.Key,
