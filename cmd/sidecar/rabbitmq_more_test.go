@@ -112,7 +112,7 @@ func TestRabbitEarlyCopyWaitsUntilDue(t *testing.T) {
 	now := time.Now()
 	due := now.Add(1500 * time.Millisecond)
 	trail := broker.Trail{
-		EventID: "m-early", Attempt: 1, FirstAttemptAt: now, FirstFailureAt: now,
+		EventID: "m-early", Attempt: 1, Hops: 1, FirstAttemptAt: now, FirstFailureAt: now,
 		NextDue: due, Deadline: now.Add(time.Hour), ErrorClass: "retry", Origin: "rabbitmq:" + q,
 	}
 	headers := amqp.Table{}

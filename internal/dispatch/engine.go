@@ -12,6 +12,9 @@ import (
 	"handoff.dev/handoff/internal/journal"
 )
 
+// handBackTimeout bounds the wait for hand-offs to stop once cancelled.
+const handBackTimeout = 10 * time.Second
+
 // Options configures an Engine.
 type Options struct {
 	Routes  []Route
@@ -127,7 +130,14 @@ func (e *Engine) Run(ctx context.Context) error {
 	case <-time.After(e.o.DrainTimeout):
 		e.log.Warn("drain timeout: handing back messages still in flight", "drain_timeout", e.o.DrainTimeout)
 		cancelWork()
-		<-drained
+		select {
+		case <-drained:
+		case <-time.After(handBackTimeout):
+			// A call into a broker that blocks without end (a blocked
+			// connection) must not hold shutdown forever; what is unsettled
+			// goes back to the broker with the connection.
+			e.log.Error("hand-offs still stuck after being cancelled; stopping without them", "waited", handBackTimeout)
+		}
 	}
 	cancelWork()
 	e.gate.close()

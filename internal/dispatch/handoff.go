@@ -47,6 +47,9 @@ type handoff struct {
 	// received is the RECEIVED record, written with the next record of the
 	// hop so that the common path queues one write, not two.
 	received journal.Record
+	// renewed: this is a new publish of an event the journal has a history
+	// for; a RENEWED record goes before RECEIVED so that history starts over.
+	renewed bool
 	log      *slog.Logger // built on first use: most hand-offs never log
 }
 
@@ -60,16 +63,17 @@ func (h *handoff) logger() *slog.Logger {
 
 func (h *handoff) run(ctx context.Context) {
 	e := h.e
-	if !h.readTrail() {
-		h.deadLetter(ctx, budget.ReasonMalformed)
-		return
-	}
+	ok := h.readTrail()
 	unlock, err := e.keys.lock(ctx, h.key)
 	if err != nil {
 		e.handBack(h.d)
 		return
 	}
 	defer unlock()
+	if !ok {
+		h.deadLetter(ctx, budget.ReasonMalformed)
+		return
+	}
 
 	st, err := e.o.Journal.State(h.key)
 	if err != nil {
@@ -82,7 +86,7 @@ func (h *handoff) run(ctx context.Context) {
 		return
 	}
 	now := e.now()
-	h.received = journal.Record{Kind: journal.Received, At: now, Hop: h.trail.Hops}
+	h.received = journal.Record{Kind: journal.Received, At: now, Hop: h.trail.Hops, Position: h.msg.Position}
 
 	if h.retry && now.Before(h.trail.NextDue) {
 		// Back before its due time (it needed a longer delay than the largest
@@ -95,19 +99,27 @@ func (h *handoff) run(ctx context.Context) {
 }
 
 // readTrail sets the delivery's trail and key. A copy whose handoff-*
-// headers cannot be read returns false, with a trail that explains why.
+// headers cannot be read returns false, with a trail that explains why and a
+// key of its own, so the bad copy never writes into the real event's history.
 func (h *handoff) readTrail() bool {
 	if h.retry {
 		t, err := broker.ParseTrail(h.msg.Headers)
+		if err == nil && t.Hops == 0 {
+			err = fmt.Errorf("%s missing: every copy has one", broker.HeaderHops)
+		}
 		if err == nil {
 			h.trail = t
-		} else {
-			id, _ := eventID(h.msg)
-			h.trail = broker.Trail{EventID: id, Origin: h.msg.Origin, ErrorClass: "malformed",
-				Error: "unreadable handoff headers: " + err.Error()}
+			h.key = journal.Key{Source: h.r.Name, EventID: t.EventID, ReplayID: t.ReplayID}
+			return true
 		}
-		h.key = journal.Key{Source: h.r.Name, EventID: h.trail.EventID, ReplayID: h.trail.ReplayID}
-		return err == nil
+		id, _ := eventID(h.msg)
+		if v := h.msg.Headers[broker.HeaderEventID]; v != "" {
+			id = v
+		}
+		h.trail = broker.Trail{EventID: id, Origin: h.msg.Origin, ErrorClass: "malformed",
+			Error: "unreadable handoff headers: " + err.Error()}
+		h.key = journal.Key{Source: h.r.Name, EventID: id, ReplayID: "malformed"}
+		return false
 	}
 	id, hashed := eventID(h.msg)
 	// Headers a producer set under handoff-* are never read on a message's
@@ -120,11 +132,34 @@ func (h *handoff) readTrail() bool {
 	return true
 }
 
+// redelivery reports whether a first-entry message is the same delivery the
+// journal has seen — redelivered by the broker, or the same log record — and
+// not a new publish that happens to carry a known event id (a producer's
+// resend, a dead letter moved back by an operator, identical content without
+// an id). Only a redelivery may be settled from the journal's history: a new
+// publish settled that way would be acked without reaching anyone.
+func (h *handoff) redelivery(st *journal.State) bool {
+	if h.retry {
+		return true // copies are the sidecar's own: a second one is a duplicate
+	}
+	if h.msg.Position != "" {
+		return st.Position == h.msg.Position
+	}
+	return h.msg.Redelivered
+}
+
 // resume settles or finishes a delivery that the journal says was dealt with
 // before — a redelivery after a crash, a lost ack, a duplicate copy — and
 // reports whether it did. Otherwise the delivery is new work.
 func (h *handoff) resume(ctx context.Context, st *journal.State) bool {
 	if !st.Found {
+		return false
+	}
+	if !h.redelivery(st) {
+		if st.Hop > 0 || st.Attempts > 0 || st.Copy != nil {
+			h.logger().Info("a new publish of an event handled before: handling it again", "attempts_before", st.Attempts)
+			h.renewed = true
+		}
 		return false
 	}
 	hop := h.trail.Hops
@@ -141,10 +176,18 @@ func (h *handoff) resume(ctx context.Context, st *journal.State) bool {
 			h.logger().Error("journal names an unknown destination; handling the message as new", "dest", st.Copy.Dest)
 			return false
 		}
+		if !dest.DeadLetter {
+			// The tiers may have changed since: the nearest one that exists
+			// still brings the copy back no earlier than due.
+			dest.Tier = h.e.o.Policy.Tier(dest.Tier)
+		}
 		h.logger().Info("publishing an unconfirmed copy again", "to", dest, "attempt", st.Copy.Attempt)
 		h.transfer(ctx, st.Copy.Trail, dest, "unconfirmed copy")
 	case st.Hop == hop && st.Handled():
 		h.settleDuplicate("the app already handled it")
+	case st.Hop == hop && st.HopAttempt > 0 && budget.Outcome(st.HopOutcome) == budget.Unreachable:
+		// The app never took that call: no attempt was made.
+		return false
 	case st.Hop == hop && st.HopAttempt > 0:
 		// The attempt started here and its answer is not recorded (the
 		// process stopped during the call), or it failed and no copy was
@@ -160,7 +203,9 @@ func (h *handoff) resume(ctx context.Context, st *journal.State) bool {
 			res = handler.Result{Outcome: budget.Outcome(st.HopOutcome), Detail: st.HopDetail}
 		}
 		h.logger().Info("resuming an interrupted hand-off", "attempt", st.HopAttempt, "outcome", res.Outcome)
-		h.decide(ctx, st.HopAttempt, res, false)
+		if due, again := h.decide(ctx, st.HopAttempt, res, false); again {
+			h.attemptAfter(ctx, due)
+		}
 	default:
 		return false
 	}
@@ -168,9 +213,10 @@ func (h *handoff) resume(ctx context.Context, st *journal.State) bool {
 }
 
 // attempt calls the app until it answers (holding while it is unreachable)
-// and carries out the decision.
+// and carries out the decision; in-place retries loop here.
 func (h *handoff) attempt(ctx context.Context) {
 	e, p, t := h.e, h.e.o.Policy, &h.trail
+	recorded := 0 // the attempt number whose ATTEMPT record is written
 	for {
 		now := e.now()
 		if t.FirstAttemptAt.IsZero() {
@@ -192,10 +238,13 @@ func (h *handoff) attempt(ctx context.Context) {
 			ReplayID:    t.ReplayID,
 			Timeout:     min(e.o.Timeout, t.Deadline.Sub(now)),
 		}
+		if recorded != req.Attempt {
+			h.appendAsync(journal.Record{Kind: journal.Attempt, At: now, Hop: t.Hops, Attempt: req.Attempt})
+			recorded = req.Attempt
+		}
 		if !h.acquire(ctx) {
 			return
 		}
-		h.appendAsync(journal.Record{Kind: journal.Attempt, At: now, Hop: t.Hops, Attempt: req.Attempt})
 		res := e.o.Handler.Deliver(ctx, &req)
 		<-e.slots
 		if ctx.Err() != nil {
@@ -204,9 +253,17 @@ func (h *handoff) attempt(ctx context.Context) {
 			return
 		}
 		if res.Outcome == budget.Unreachable {
+			// Written so that a restart knows this attempt never reached the
+			// app and does not count it.
+			h.appendAsync(journal.Record{Kind: journal.Outcome, Hop: t.Hops, Attempt: req.Attempt,
+				Outcome: uint8(budget.Unreachable), Detail: res.Detail})
+			recorded = 0
 			e.gate.hold(ctx)
 			select {
 			case <-ctx.Done():
+				h.handBack()
+				return
+			case <-h.intake.Done():
 				h.handBack()
 				return
 			case <-h.d.Lost():
@@ -216,9 +273,36 @@ func (h *handoff) attempt(ctx context.Context) {
 			}
 			continue
 		}
-		h.decide(ctx, req.Attempt, res, true)
-		return
+		due, again := h.decide(ctx, req.Attempt, res, true)
+		if !again || !h.wait(ctx, due) {
+			return
+		}
 	}
+}
+
+// attemptAfter waits until due, then attempts.
+func (h *handoff) attemptAfter(ctx context.Context, due time.Time) {
+	if h.wait(ctx, due) {
+		h.attempt(ctx)
+	}
+}
+
+// wait holds the delivery, unsettled, until due; it reports false (having
+// handed the delivery back, or left a lost one alone) when that ends first.
+func (h *handoff) wait(ctx context.Context, due time.Time) bool {
+	t := time.NewTimer(max(due.Sub(h.e.now()), 0))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		h.trail.NextDue = time.Time{}
+		return true
+	case <-h.intake.Done():
+		h.handBack()
+	case <-ctx.Done():
+		h.handBack()
+	case <-h.d.Lost():
+	}
+	return false
 }
 
 // acquire takes a slot for a call to the app. It gives up, handing the
@@ -248,8 +332,9 @@ func waitGate(ctx context.Context, g *gate) <-chan struct{} {
 }
 
 // decide turns the answer to attempt into an action and carries it out.
-// record says whether the answer is new (and so goes in the journal).
-func (h *handoff) decide(ctx context.Context, attempt int, res handler.Result, record bool) {
+// record says whether the answer is new (and so goes in the journal). On an
+// in-place retry it carries out nothing and returns when to attempt again.
+func (h *handoff) decide(ctx context.Context, attempt int, res handler.Result, record bool) (time.Time, bool) {
 	e, t := h.e, &h.trail
 	now := e.now()
 	dec := e.o.Policy.Decide(budget.Input{
@@ -286,20 +371,24 @@ func (h *handoff) decide(ctx context.Context, attempt int, res handler.Result, r
 		// Handled: written down before the ack, so a redelivery after a
 		// crash here is settled without calling the app again.
 		if !h.journal(ctx, outcome...) {
-			return
+			return time.Time{}, false
 		}
 		if res.Outcome == budget.Drop {
 			h.logger().Info("app dropped message", "attempt", attempt)
 		}
 		if h.fault(WindowHandled) {
-			return
+			return time.Time{}, false
 		}
 		h.settle("handled")
 	case budget.Delay:
 		t.NextDue = dec.Due
 		if h.r.InPlace {
-			h.retryInPlace(ctx, dec.Due, outcome)
-			return
+			// The message holds its place: nothing behind it in its
+			// sequence runs meanwhile, and its offset is not committed.
+			if len(outcome) > 0 {
+				h.appendAsync(outcome[0])
+			}
+			return dec.Due, true
 		}
 		h.transfer(ctx, nil, broker.Destination{Tier: dec.Tier}, "retry", outcome...)
 	case budget.DeadLetter:
@@ -308,30 +397,7 @@ func (h *handoff) decide(ctx context.Context, attempt int, res handler.Result, r
 		h.logger().Error("no action for outcome; handing message back", "outcome", res.Outcome)
 		h.handBack()
 	}
-}
-
-// retryInPlace waits until due with the delivery unsettled, then attempts
-// again. The message holds its place: nothing behind it in its sequence
-// runs meanwhile, and its offset is not committed.
-func (h *handoff) retryInPlace(ctx context.Context, due time.Time, outcome []journal.Record) {
-	if len(outcome) > 0 {
-		h.appendAsync(outcome[0])
-	}
-	t := time.NewTimer(max(due.Sub(h.e.now()), 0))
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-h.intake.Done():
-		h.handBack()
-		return
-	case <-ctx.Done():
-		h.handBack()
-		return
-	case <-h.d.Lost():
-		return
-	}
-	h.trail.NextDue = time.Time{}
-	h.attempt(ctx)
+	return time.Time{}, false
 }
 
 func (h *handoff) deadLetter(ctx context.Context, reason budget.Reason, before ...journal.Record) {
@@ -405,9 +471,8 @@ func (h *handoff) journal(ctx context.Context, recs ...journal.Record) bool {
 	if len(recs) == 0 {
 		return true
 	}
-	if h.received.Kind != 0 {
-		recs = append([]journal.Record{h.received}, recs...)
-		h.received = journal.Record{}
+	if pending := h.pending(); len(pending) > 0 {
+		recs = append(pending, recs...)
 	}
 	err := h.e.o.Journal.Append(ctx, h.key, recs...)
 	switch {
@@ -441,12 +506,26 @@ func (h *handoff) settle(why string) {
 // appendAsync queues rec, after the hop's RECEIVED record if that is still
 // unwritten.
 func (h *handoff) appendAsync(rec journal.Record) {
-	if h.received.Kind != 0 {
-		h.e.o.Journal.AppendAsync(h.key, h.received, rec)
-		h.received = journal.Record{}
+	if pending := h.pending(); len(pending) > 0 {
+		h.e.o.Journal.AppendAsync(h.key, append(pending, rec)...)
 		return
 	}
 	h.e.o.Journal.AppendAsync(h.key, rec)
+}
+
+// pending takes the hop's RENEWED and RECEIVED records if still unwritten.
+func (h *handoff) pending() []journal.Record {
+	if h.received.Kind == 0 {
+		return nil
+	}
+	var recs []journal.Record
+	if h.renewed {
+		recs = append(recs, journal.Record{Kind: journal.Renewed, At: h.received.At})
+		h.renewed = false
+	}
+	recs = append(recs, h.received)
+	h.received = journal.Record{}
+	return recs
 }
 
 func (h *handoff) settleDuplicate(why string) {

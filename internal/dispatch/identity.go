@@ -14,10 +14,8 @@ import (
 // a hash of its content. The last is reported by hashed: two identical
 // messages get one id.
 func eventID(m *broker.Message) (id string, hashed bool) {
-	for k, v := range m.Headers {
-		if v != "" && isCEID(k) {
-			return v, false
-		}
+	if id := ceID(m.Headers); id != "" {
+		return id, false
 	}
 	if m.MessageID != "" {
 		return m.MessageID, false
@@ -28,12 +26,39 @@ func eventID(m *broker.Message) (id string, hashed bool) {
 	return contentHash(m), true
 }
 
-func isCEID(k string) bool {
-	if len(k) < 5 {
-		return false
+// ceIDNames are the CloudEvents id header in each protocol binding's
+// spelling, in the order they are looked for.
+var ceIDNames = [...]string{"ce-id", "ce_id", "cloudEvents:id", "cloudEvents_id"}
+
+// ceID finds the CloudEvents id the same way on every delivery of a message:
+// exact spellings first, in a fixed order, then any other casing in sorted
+// order. (Map order would make the id depend on the delivery.)
+func ceID(h broker.Headers) string {
+	for _, k := range ceIDNames {
+		if v := h[k]; v != "" {
+			return v
+		}
 	}
-	lk := strings.ToLower(k)
-	return lk == "ce-id" || lk == "ce_id" || lk == "cloudevents:id" || lk == "cloudevents_id"
+	var keys []string
+	for k, v := range h {
+		if v != "" && isCEID(k) {
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) == 0 {
+		return ""
+	}
+	slices.Sort(keys)
+	return h[keys[0]]
+}
+
+func isCEID(k string) bool {
+	for _, name := range ceIDNames {
+		if strings.EqualFold(k, name) {
+			return true
+		}
+	}
+	return false
 }
 
 func contentHash(m *broker.Message) string {

@@ -28,12 +28,15 @@ const (
 	Settled
 	// Released: the delivery of hop Hop was handed back unsettled.
 	Released
+	// Renewed: a new publish of an event whose earlier hand-off the journal
+	// holds (not a redelivery of it): its history starts again from here.
+	Renewed
 	maxKind
 )
 
 var kindNames = [...]string{
 	Received: "received", Attempt: "attempt", Outcome: "outcome", Transferring: "transferring",
-	Transferred: "transferred", Settled: "settled", Released: "released",
+	Transferred: "transferred", Settled: "settled", Released: "released", Renewed: "renewed",
 }
 
 func (k Kind) String() string {
@@ -59,6 +62,9 @@ type Record struct {
 	// Trail is a copy's handoff-* headers, kept so an unconfirmed copy can
 	// be published again exactly.
 	Trail map[string]string
+	// Position is where a received message sits in its log (Kafka), so a
+	// redelivery of the same record can be told from a new publish.
+	Position string
 }
 
 // recordVersion is the encoding version. A decoder refuses later versions
@@ -76,6 +82,7 @@ const (
 	tagDest
 	tagDetail
 	tagTrail
+	tagPosition
 )
 
 // Errors of decoding.
@@ -117,6 +124,9 @@ func (r *Record) Encode(dst []byte) []byte {
 	}
 	if r.Detail != "" {
 		field(tagDetail, []byte(r.Detail))
+	}
+	if r.Position != "" {
+		field(tagPosition, []byte(r.Position))
 	}
 	if len(r.Trail) > 0 {
 		keys := make([]string, 0, len(r.Trail))
@@ -209,6 +219,8 @@ func (r *Record) setField(tag byte, v []byte) error {
 		r.Dest = string(v)
 	case tagDetail:
 		r.Detail = string(v)
+	case tagPosition:
+		r.Position = string(v)
 	case tagTrail:
 		t := map[string]string{}
 		for len(v) > 0 {

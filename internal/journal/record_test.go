@@ -255,7 +255,7 @@ func TestDecodeSkipsUnknownFields(t *testing.T) {
 	}{
 		{name: "tag 200 with a value", extra: []byte{200, 3, 'x', 'y', 'z'}},
 		{name: "tag 200 empty", extra: []byte{200, 0}},
-		{name: "tag 10, the next one to be used", extra: []byte{tagTrail + 1, 1, 0xff}},
+		{name: "the next tag to be used", extra: []byte{tagPosition + 1, 1, 0xff}},
 		{name: "tag 0", extra: []byte{0, 2, 1, 2}},
 		{name: "tag 255 with a long value", extra: append([]byte{255, 0x80, 0x02}, bytes.Repeat([]byte{7}, 256)...)},
 		{name: "several unknown fields", extra: []byte{200, 1, 1, 201, 0, 202, 2, 0x80, 0x80}},
@@ -295,7 +295,7 @@ func TestKindString(t *testing.T) {
 		{name: "settled", kind: Settled, want: "settled"},
 		{name: "released", kind: Released, want: "released"},
 		{name: "zero", kind: 0, want: "kind(0)"},
-		{name: "past the last", kind: maxKind, want: "kind(8)"},
+		{name: "past the last", kind: maxKind, want: "kind(9)"},
 		{name: "255", kind: 255, want: "kind(255)"},
 	}
 	for _, tt := range tests {

@@ -25,6 +25,8 @@ type State struct {
 	Copy *Copy
 	// Settled: the delivery of hop Hop was acked.
 	Settled bool
+	// Position is the log position recorded when hop 0 was received.
+	Position string
 	// Last is the latest record.
 	Last Record
 }
@@ -43,9 +45,14 @@ func (s *State) apply(r Record) {
 	s.Found = true
 	s.Last = r
 	switch r.Kind {
+	case Renewed:
+		*s = State{Found: true, Last: r}
 	case Received:
 		if r.Hop > s.Hop {
 			s.Hop, s.HopAttempt, s.HopOutcome, s.HopDetail, s.Settled = r.Hop, 0, 0, "", false
+		}
+		if r.Hop == 0 && r.Position != "" {
+			s.Position = r.Position
 		}
 	case Attempt:
 		s.Attempts = max(s.Attempts, r.Attempt)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -21,7 +22,14 @@ var (
 	// ErrChannelClosed is returned when the publisher channel closed before
 	// the broker confirmed a copy; whether it arrived is unknown.
 	ErrChannelClosed = errors.New("rabbitmq: publisher channel closed before confirm")
+	// ErrConfirmTimeout is returned when no confirm came within
+	// confirmTimeout (a blocked connection, a lost confirm); whether the copy
+	// arrived is unknown.
+	ErrConfirmTimeout = errors.New("rabbitmq: no confirm in time")
 )
+
+// confirmTimeout bounds the wait for one publish's confirm.
+const confirmTimeout = 30 * time.Second
 
 // confirmBuffer is the depth of the confirm and return listeners. The tracker
 // drains them continuously; the depth only smooths bursts.
@@ -96,12 +104,18 @@ func (p *publisher) publish(ctx context.Context, queue string, msg amqp.Publishi
 		p.mu.Unlock()
 		return fmt.Errorf("publish to %s: %w", queue, err)
 	}
+	t := time.NewTimer(confirmTimeout)
+	defer t.Stop()
 	select {
 	case err := <-w.result:
 		if err != nil {
 			return fmt.Errorf("publish to %s: %w", queue, err)
 		}
 		return nil
+	case <-t.C:
+		// Unknown, not failed: the caller publishes again, and the retry
+		// consumer drops whichever copy comes second.
+		return fmt.Errorf("publish to %s: %w", queue, ErrConfirmTimeout)
 	case <-ctx.Done():
 		return fmt.Errorf("publish to %s: waiting for confirm: %w", queue, ctx.Err())
 	}
