@@ -50,7 +50,7 @@ type handoff struct {
 	// renewed: this is a new publish of an event the journal has a history
 	// for; a RENEWED record goes before RECEIVED so that history starts over.
 	renewed bool
-	log      *slog.Logger // built on first use: most hand-offs never log
+	log     *slog.Logger // built on first use: most hand-offs never log
 }
 
 // logger returns the hand-off's logger, with its source and event id.
