@@ -1,9 +1,10 @@
 GO       ?= go
 PKGS     := ./...
-# Broker tests talk to the RabbitMQ that .ci/run (or you) started.
+# Broker tests talk to the local RabbitMQ and Kafka that `make brokers` starts.
 export HANDOFF_RABBITMQ_URL ?= amqp://guest:guest@127.0.0.1:5672/
+export HANDOFF_KAFKA_BROKERS ?= 127.0.0.1:19092
 
-.PHONY: build demo test test-short lint fmt fuzz bench clean
+.PHONY: build demo brokers brokers-stop test test-short lint fmt fuzz bench clean
 
 build:
 	$(GO) build -o bin/sidecar ./cmd/sidecar
@@ -12,8 +13,17 @@ build:
 demo: build
 	bin/sidecar dev
 
+# Install (when missing) and start the local RabbitMQ and Apache Kafka.
+brokers:
+	scripts/rabbitmq-local start
+	scripts/kafka-local start
+
+brokers-stop:
+	-scripts/kafka-local stop
+	-scripts/rabbitmq-local stop
+
 # The full suite, broker tests included, with the race detector.
-test:
+test: brokers
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 
 # Unit tests only (no broker needed).
@@ -38,7 +48,7 @@ fuzz:
 # Benchmarks: journal micro-benchmarks, then the end-to-end drain of a
 # preloaded queue by the sidecar (each journal.sync mode) and by a
 # hand-written consumer, in one run. Needs the local RabbitMQ.
-bench:
+bench: brokers
 	$(GO) test -run='^$$' -bench=. -benchtime=2s ./internal/journal/
 	$(GO) test -run='^$$' -bench=BenchmarkJournalSyncModes -benchtime=1x -timeout=30m ./cmd/sidecar/
 

@@ -2,7 +2,11 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"net/http"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +22,24 @@ import (
 // The RabbitMQ outcome contract, through a Kafka source (kfake: franz-go's
 // in-process cluster speaking the real protocol).
 
+// kafkaBackend is a Kafka to run a test against: kfake (in-process) or the
+// local Apache Kafka that make brokers starts.
+type kafkaBackend struct {
+	name string
+	// topic creates a topic of its own for the test and returns the brokers
+	// and its name.
+	topic func(t *testing.T, base string, partitions int32) ([]string, string)
+}
+
+func kafkaBackends() []kafkaBackend {
+	return []kafkaBackend{
+		{"kfake", func(t *testing.T, base string, partitions int32) ([]string, string) {
+			return kafkaCluster(t, base, partitions), base
+		}},
+		{"apache", realKafkaTopic},
+	}
+}
+
 func kafkaCluster(t *testing.T, topic string, partitions int32) []string {
 	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic))
@@ -28,11 +50,62 @@ func kafkaCluster(t *testing.T, topic string, partitions int32) []string {
 	return c.ListenAddrs()
 }
 
+func realKafkaBrokers() []string {
+	if v := os.Getenv("HANDOFF_KAFKA_BROKERS"); v != "" {
+		return strings.Split(v, ",")
+	}
+	return []string{"127.0.0.1:19092"}
+}
+
+// realKafkaTopic creates a uniquely named topic on the local Apache Kafka and
+// deletes it, its derived topics and its group when the test ends. A missing
+// broker fails the test: make brokers starts it.
+func realKafkaTopic(t *testing.T, base string, partitions int32) ([]string, string) {
+	t.Helper()
+	brokers := realKafkaBrokers()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	adm := kadm.NewClient(cl)
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	topic := base + "-" + hex.EncodeToString(b[:])
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := adm.CreateTopic(ctx, partitions, 1, nil, topic)
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil {
+		cl.Close()
+		t.Fatalf("Apache Kafka at %v is required (scripts/kafka-local start): %v", brokers, err)
+	}
+	t.Cleanup(func() {
+		defer cl.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		list, _ := adm.ListTopics(ctx)
+		var drop []string
+		for _, name := range list.Names() {
+			if name == topic || strings.HasPrefix(name, topic+".") {
+				drop = append(drop, name)
+			}
+		}
+		_, _ = adm.DeleteTopics(ctx, drop...)
+		_, _ = adm.DeleteGroups(ctx, topic+"-g")
+	})
+	return brokers, topic
+}
+
+// kafkaGroup is the consumer group the tests use for topic.
+func kafkaGroup(topic string) string { return topic + "-g" }
+
 func kafkaConfig(appURL string, brokers []string, topic string, tiers ...time.Duration) config.Config {
 	cfg := testConfig(appURL, "unused", tiers...)
 	declare := true
 	cfg.Sources = []config.Source{{Name: "test", Kafka: &config.Kafka{
-		Brokers: brokers, Topic: topic, Group: "g", Ordering: "none", Declare: &declare, MaxInFlight: 64,
+		Brokers: brokers, Topic: topic, Group: kafkaGroup(topic), Ordering: "none", Declare: &declare, MaxInFlight: 64,
 	}}}
 	return cfg
 }
@@ -87,8 +160,16 @@ func header(r *kgo.Record, key string) string {
 
 func TestKafkaOutcomeContract(t *testing.T) {
 	t.Parallel()
-	const topic = "orders"
-	brokers := kafkaCluster(t, topic, 3)
+	for _, b := range kafkaBackends() {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			brokers, topic := b.topic(t, "orders", 3)
+			testKafkaOutcomeContract(t, brokers, topic)
+		})
+	}
+}
+
+func testKafkaOutcomeContract(t *testing.T, brokers []string, topic string) {
 	const tierD = 400 * time.Millisecond
 	a := newApp(t, func(w http.ResponseWriter, c call, prior []call) {
 		switch c.Header.Get("Ce-Id") {
@@ -124,8 +205,8 @@ func TestKafkaOutcomeContract(t *testing.T) {
 			Headers: append([]kgo.RecordHeader{{Key: "ce_id", Value: []byte(id)}}, hs...)}
 	}
 	produceKafka(t, brokers, rec("ok", forged...), rec("flaky"), rec("poison"), rec("broken"), rec("later"))
-	dlq := kafka.DeadLetterTopic(topic, "g")
-	waitFor(t, 20*time.Second, "every outcome", func() bool {
+	dlq := kafka.DeadLetterTopic(topic, kafkaGroup(topic))
+	waitFor(t, 30*time.Second, "every outcome", func() bool {
 		return len(a.callsFor("ok")) == 1 && len(a.callsFor("flaky")) == 2 && len(a.callsFor("later")) == 2 &&
 			len(a.callsFor("broken")) == 3 && len(a.callsFor("poison")) == 1
 	})
@@ -171,7 +252,7 @@ func TestKafkaOutcomeContract(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	offs, err := adm.FetchOffsets(context.Background(), "g")
+	offs, err := adm.FetchOffsets(context.Background(), kafkaGroup(topic))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,10 +17,9 @@ import (
 // orderWorkload produces a poison record (the app answers 500 until it is
 // dead-lettered) followed by n good records over ten keys, in one partition,
 // and returns the app.
-func orderWorkload(t *testing.T, ordering string, n int) (*app, []string, string) {
+func orderWorkload(t *testing.T, b kafkaBackend, ordering string, n int) (*app, []string, string) {
 	t.Helper()
-	topic := "ordered-" + ordering
-	brokers := kafkaCluster(t, topic, 1)
+	brokers, topic := b.topic(t, "ordered-"+ordering, 1)
 	a := newApp(t, func(w http.ResponseWriter, c call, _ []call) {
 		if c.Header.Get("Ce-Id") == "poison" {
 			w.WriteHeader(http.StatusInternalServerError)
@@ -57,8 +56,17 @@ func goodCalls(a *app) []int {
 
 func TestKafkaPartitionOrderPoisonThenGood(t *testing.T) {
 	t.Parallel()
+	for _, b := range kafkaBackends() {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			testPartitionOrder(t, b)
+		})
+	}
+}
+
+func testPartitionOrder(t *testing.T, b kafkaBackend) {
 	const n = 1000
-	a, brokers, topic := orderWorkload(t, "partition", n)
+	a, brokers, topic := orderWorkload(t, b, "partition", n)
 	waitFor(t, 60*time.Second, "every good record", func() bool { return len(goodCalls(a)) >= n })
 
 	poison := a.callsFor("poison")
@@ -87,7 +95,7 @@ func TestKafkaPartitionOrderPoisonThenGood(t *testing.T) {
 			t.Fatalf("good record %d was the %d-th handed over: order broken", v, i)
 		}
 	}
-	dlq := readTopic(t, brokers, kafka.DeadLetterTopic(topic, "g"))
+	dlq := readTopic(t, brokers, kafka.DeadLetterTopic(topic, kafkaGroup(topic)))
 	if len(dlq) != 1 || header(dlq[0], broker.HeaderDeadReason) != "max-attempts" {
 		t.Errorf("DLQ holds %d records, want the poison with reason max-attempts", len(dlq))
 	}
@@ -95,8 +103,17 @@ func TestKafkaPartitionOrderPoisonThenGood(t *testing.T) {
 
 func TestKafkaKeyOrderPoisonDoesNotBlockOtherKeys(t *testing.T) {
 	t.Parallel()
+	for _, b := range kafkaBackends() {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			testKeyOrder(t, b)
+		})
+	}
+}
+
+func testKeyOrder(t *testing.T, b kafkaBackend) {
 	const n = 1000
-	a, _, _ := orderWorkload(t, "key", n)
+	a, _, _ := orderWorkload(t, b, "key", n)
 	waitFor(t, 60*time.Second, "every good record and the poison's last attempt", func() bool {
 		return len(goodCalls(a)) >= n && len(a.callsFor("poison")) == 3
 	})
