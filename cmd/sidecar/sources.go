@@ -46,15 +46,16 @@ func rabbitSource(sc config.Source, tiers []time.Duration, log *slog.Logger) sou
 func kafkaSource(sc config.Source, tiers []time.Duration, log *slog.Logger) (source, error) {
 	k := sc.Kafka
 	c, err := kafka.New(kafka.Options{
-		Name:        sc.Name,
-		Brokers:     k.Brokers,
-		Topic:       k.Topic,
-		Group:       k.Group,
-		Tiers:       tiers,
-		Declare:     *k.Declare,
-		Ordering:    k.Ordering,
-		MaxInFlight: k.MaxInFlight,
-		Logger:      log,
+		Name:           sc.Name,
+		Brokers:        k.Brokers,
+		Topic:          k.Topic,
+		Group:          k.Group,
+		Tiers:          tiers,
+		Declare:        *k.Declare,
+		Ordering:       k.Ordering,
+		MaxInFlight:    k.MaxInFlight,
+		SessionTimeout: k.SessionTimeout.D(),
+		Logger:         log,
 	})
 	if err != nil {
 		return source{}, err

@@ -59,6 +59,10 @@ type Kafka struct {
 	// MaxInFlight bounds records handed out and not yet settled. Zero means
 	// four times handler.max_concurrency.
 	MaxInFlight int `yaml:"max_in_flight"`
+	// SessionTimeout is how long the group waits for a member that stopped
+	// heartbeating (a crashed sidecar) before its partitions move. Zero means
+	// 45s, the client's default.
+	SessionTimeout Duration `yaml:"session_timeout"`
 }
 
 // Retry bounds how often and how long a message is tried.

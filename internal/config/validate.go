@@ -138,6 +138,9 @@ func (k *Kafka) validate(path string, ps *Problems) {
 	if k.MaxInFlight < 0 {
 		ps.add(path+".max_in_flight", "must not be negative")
 	}
+	if k.SessionTimeout < 0 {
+		ps.add(path+".session_timeout", "must not be negative")
+	}
 }
 
 func (r *Retry) validate(ps *Problems) {

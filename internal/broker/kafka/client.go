@@ -33,6 +33,9 @@ type Options struct {
 	// RevokeTimeout bounds how long a revoked partition's records in flight
 	// may finish before they are abandoned; zero means 10s.
 	RevokeTimeout time.Duration
+	// SessionTimeout is the group session timeout; zero keeps the client's
+	// default (45s).
+	SessionTimeout time.Duration
 	// Extra are further client options (TLS, SASL, tests' timeouts).
 	Extra  []kgo.Opt
 	Logger *slog.Logger
@@ -131,7 +134,9 @@ func New(o Options) (*Client, error) {
 		kgo.ConsumeTopics(topics...),
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
 		kgo.AutoCommitMarks(),
-		kgo.AutoCommitInterval(time.Second),
+		// Commit often: a crashed member's successor redoes what was settled
+		// after the last commit.
+		kgo.AutoCommitInterval(250 * time.Millisecond),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchMaxWait(500 * time.Millisecond),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
@@ -139,6 +144,9 @@ func New(o Options) (*Client, error) {
 		kgo.OnPartitionsRevoked(c.revoked),
 		kgo.OnPartitionsLost(c.revoked),
 	}, o.Extra...)
+	if o.SessionTimeout > 0 {
+		opts = append(opts, kgo.SessionTimeout(o.SessionTimeout))
+	}
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// TestKafkaTwoSidecarsOneKilled runs two sidecar processes in one group on
+// the local Apache Kafka: they share the partitions; one is killed with
+// SIGKILL mid-stream; the other takes its partitions over (after the session
+// timeout) and every record is handed to the app. Records the killed one had
+// handled but not yet committed come again: they are counted and reported.
+func TestKafkaTwoSidecarsOneKilled(t *testing.T) {
+	t.Parallel()
+	bin := sidecarBinary(t)
+	brokers, topic := realKafkaTopic(t, "group", 6)
+	a := newApp(t, func(w http.ResponseWriter, _ call, _ []call) {
+		time.Sleep(2 * time.Millisecond)
+		w.WriteHeader(http.StatusOK)
+	})
+	const n = 3000
+	var recs []*kgo.Record
+	for i := range n {
+		recs = append(recs, &kgo.Record{Topic: topic, Key: []byte(fmt.Sprint(i % 60)), Value: []byte(fmt.Sprint(i)),
+			Headers: []kgo.RecordHeader{{Key: "ce_id", Value: []byte(fmt.Sprintf("r-%05d", i))}}})
+	}
+	produceKafka(t, brokers, recs...)
+
+	start := func(name string) (*exec.Cmd, *bytes.Buffer) {
+		path := writeFile(t, fmt.Sprintf(`handler: {url: %q, max_concurrency: 8}
+sources:
+  - name: group
+    kafka: {brokers: [%q], topic: %q, group: %q, session_timeout: 6s}
+retry: {tiers: [1s]}
+telemetry: {metrics_listen: ""}
+admin: {listen: "127.0.0.1:0"}
+journal: {path: %q}
+`, a.url(), strings.Join(brokers, ","), topic, kafkaGroup(topic), filepath.Join(t.TempDir(), name+".db")))
+		var logs bytes.Buffer
+		cmd := exec.Command(bin, "run", "--config", path)
+		cmd.Stderr = &logs
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		return cmd, &logs
+	}
+	first, _ := start("first")
+	second, secondLogs := start("second")
+
+	waitFor(t, 60*time.Second, "a third of the records", func() bool { return len(a.allCalls()) >= n/3 })
+	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.Wait()
+	killedAt := len(a.allCalls())
+
+	seen := func() map[string]int {
+		m := map[string]int{}
+		for _, c := range a.allCalls() {
+			m[c.Header.Get("Ce-Id")]++
+		}
+		return m
+	}
+	waitFor(t, 90*time.Second, "every record after the kill", func() bool { return len(seen()) == n })
+	time.Sleep(time.Second)
+	if err := second.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := second.Wait(); err != nil {
+		t.Errorf("surviving sidecar exited with %v; log:\n%s", err, tail(secondLogs.String(), 30))
+	}
+
+	dups := 0
+	for _, k := range seen() {
+		dups += k - 1
+	}
+	t.Logf("%d records over 6 partitions, first sidecar killed after %d calls: %d calls in all, %d records handed over twice",
+		n, killedAt, len(a.allCalls()), dups)
+	if killedAt >= n {
+		t.Fatal("the stream ended before the kill; the test proves nothing")
+	}
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	ends, err := adm.ListEndOffsets(context.Background(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	offs, err := adm.FetchOffsets(context.Background(), kafkaGroup(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ends.Each(func(e kadm.ListedOffset) {
+		if got, _ := offs.Lookup(topic, e.Partition); got.At != e.Offset {
+			t.Errorf("partition %d: committed %d, log end %d", e.Partition, got.At, e.Offset)
+		}
+	})
+}
