@@ -242,6 +242,13 @@ func testKafkaOutcomeContract(t *testing.T, brokers []string, topic string) {
 
 	// After a graceful stop the group's committed offsets are the log end:
 	// no lag, nothing skipped.
+	checkCommittedAtLogEnd(t, brokers, topic)
+}
+
+// checkCommittedAtLogEnd fails unless the test group's committed offset of
+// every partition of topic is the partition's log end.
+func checkCommittedAtLogEnd(t *testing.T, brokers []string, topic string) {
+	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
 		t.Fatal(err)
@@ -257,8 +264,7 @@ func testKafkaOutcomeContract(t *testing.T, brokers []string, topic string) {
 		t.Fatal(err)
 	}
 	ends.Each(func(e kadm.ListedOffset) {
-		got, _ := offs.Lookup(topic, e.Partition)
-		if got.At != e.Offset {
+		if got, _ := offs.Lookup(topic, e.Partition); got.At != e.Offset {
 			t.Errorf("partition %d: committed %d, log end %d", e.Partition, got.At, e.Offset)
 		}
 	})

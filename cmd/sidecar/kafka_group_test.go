@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"net/http"
 	"os/exec"
@@ -12,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -92,23 +90,5 @@ journal: {path: %q}
 		t.Fatal("the stream ended before the kill; the test proves nothing")
 	}
 
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
-	ends, err := adm.ListEndOffsets(context.Background(), topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	offs, err := adm.FetchOffsets(context.Background(), kafkaGroup(topic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ends.Each(func(e kadm.ListedOffset) {
-		if got, _ := offs.Lookup(topic, e.Partition); got.At != e.Offset {
-			t.Errorf("partition %d: committed %d, log end %d", e.Partition, got.At, e.Offset)
-		}
-	})
+	checkCommittedAtLogEnd(t, brokers, topic)
 }
