@@ -13,28 +13,108 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/broker/kafka"
 	"handoff.dev/handoff/internal/broker/rabbitmq"
 )
 
-// TestSIGKILLMixedWorkload kills the real binary with SIGKILL several times
-// during a mixed workload (successes, transient failures, poison messages)
-// and restarts it on the same journal, then accounts for every message:
-// none lost, poison ones (and only they) dead-lettered; it reports how often
-// the app was called again after it had already succeeded, and how many DLQ
-// copies were written twice.
+// The SIGKILL tests kill the real binary several times during a mixed
+// workload (successes, transient failures, poison messages), restart it on
+// the same journal, and account for every message: none lost, poison ones
+// (and only they) dead-lettered; they report how often the app was called
+// again after it had already succeeded, and how many DLQ copies were written
+// twice.
 //
 // A DLQ copy is written twice only when the kill lands between the broker
 // taking the copy and the journal recording its confirm (a few milliseconds):
 // the restart republishes it. Both copies are then identical — same event id,
 // hop and attempt — so whoever owns the dead letters can drop the second.
-func TestSIGKILLMixedWorkload(t *testing.T) {
-	t.Parallel()
-	bin := sidecarBinary(t)
-	conn := dialRabbit(t)
-	const tierD = 300 * time.Millisecond
-	q := testQueue(t, conn, []time.Duration{tierD})
 
+const killTier = 300 * time.Millisecond
+
+// killTarget is the broker side of a SIGKILL test.
+type killTarget struct {
+	// source is the YAML of the source's broker block.
+	source string
+	// publish sends one message per id, the id as its event id and body.
+	publish func(ids []string)
+	// idle reports whether the source and its retry path hold nothing.
+	idle func() bool
+	// deadCount is how many DLQ copies there are, without taking them.
+	deadCount func() int
+	// deadLetters returns every DLQ copy: its event id and a signature of
+	// its hop, attempt and reason. It may take them off the DLQ.
+	deadLetters func() [][2]string
+}
+
+func TestSIGKILLMixedWorkloadRabbitMQ(t *testing.T) {
+	t.Parallel()
+	conn := dialRabbit(t)
+	q := testQueue(t, conn, []time.Duration{killTier})
+	runSIGKILLWorkload(t, killTarget{
+		source: fmt.Sprintf("rabbitmq: {url: %q, queue: %q, prefetch: 8}", rabbitURL(), q),
+		publish: func(ids []string) {
+			var msgs []publishing
+			for _, id := range ids {
+				msgs = append(msgs, publishing{MessageId: id, Body: []byte(id)})
+			}
+			publish(t, conn, q, msgs...)
+		},
+		idle: func() bool {
+			for _, name := range []string{q, rabbitmq.RetryQueue(q), rabbitmq.TierQueue(q, killTier)} {
+				if depth(t, conn, name) != 0 {
+					return false
+				}
+			}
+			return true
+		},
+		deadCount: func() int { return depth(t, conn, rabbitmq.DeadLetterQueue(q)) },
+		deadLetters: func() [][2]string {
+			var out [][2]string
+			for _, d := range drain(t, conn, rabbitmq.DeadLetterQueue(q)) {
+				id, _ := d.Headers[broker.HeaderEventID].(string)
+				out = append(out, [2]string{id, fmt.Sprint(d.Headers[broker.HeaderHops], "/", d.Headers[broker.HeaderAttempt], "/", d.Headers[broker.HeaderDeadReason])})
+			}
+			return out
+		},
+	})
+}
+
+func TestSIGKILLMixedWorkloadKafka(t *testing.T) {
+	t.Parallel()
+	brokers, topic := realKafkaTopic(t, "kill", 3)
+	runSIGKILLWorkload(t, killTarget{
+		// A static member: each restart takes the partitions back at once.
+		source: fmt.Sprintf("kafka: {brokers: [%q], topic: %q, group: %q, instance_id: kill-test, session_timeout: 6s}",
+			strings.Join(brokers, ","), topic, kafkaGroup(topic)),
+		publish: func(ids []string) {
+			var recs []*kgo.Record
+			for i, id := range ids {
+				recs = append(recs, &kgo.Record{Topic: topic, Key: []byte(fmt.Sprint(i % 30)), Value: []byte(id),
+					Headers: []kgo.RecordHeader{{Key: "ce_id", Value: []byte(id)}}})
+			}
+			produceKafka(t, brokers, recs...)
+		},
+		idle: func() bool { return true }, // the counts decide; offsets are checked after
+		deadCount: func() int {
+			return len(readTopic(t, brokers, kafka.DeadLetterTopic(topic, kafkaGroup(topic))))
+		},
+		deadLetters: func() [][2]string {
+			var out [][2]string
+			for _, r := range readTopic(t, brokers, kafka.DeadLetterTopic(topic, kafkaGroup(topic))) {
+				out = append(out, [2]string{header(r, broker.HeaderEventID),
+					header(r, broker.HeaderHops) + "/" + header(r, broker.HeaderAttempt) + "/" + header(r, broker.HeaderDeadReason)})
+			}
+			return out
+		},
+	})
+	checkCommittedAtLogEnd(t, brokers, topic)
+}
+
+func runSIGKILLWorkload(t *testing.T, target killTarget) {
+	bin := sidecarBinary(t)
 	kind := func(id string) string { return id[:strings.IndexByte(id, '-')] }
 	var mu sync.Mutex
 	succeeded := map[string]int{}    // calls answered 200, per id
@@ -61,19 +141,17 @@ func TestSIGKILLMixedWorkload(t *testing.T) {
 	// several kills landing on the same redelivered messages a small
 	// max_attempts would dead-letter a good message, which is the budget
 	// working, not what this test is about.
-	journalPath := filepath.Join(t.TempDir(), "handoff.db")
 	cfgPath := writeFile(t, fmt.Sprintf(`handler: {url: %q, max_concurrency: 8}
 sources:
   - name: kill
-    rabbitmq: {url: %q, queue: %q, prefetch: 8}
+    %s
 retry: {max_attempts: 10, tiers: [%s], base: 50ms, cap: 200ms}
 telemetry: {metrics_listen: ""}
 admin: {listen: "127.0.0.1:0"}
 journal: {path: %q}
-`, a.url(), rabbitURL(), q, tierD, journalPath))
+`, a.url(), target.source, killTier, filepath.Join(t.TempDir(), "handoff.db")))
 
 	var ids []string
-	var msgs []publishing
 	for i := range 600 {
 		id := fmt.Sprintf("ok-%d", i)
 		switch {
@@ -83,9 +161,8 @@ journal: {path: %q}
 			id = fmt.Sprintf("flaky-%d", i)
 		}
 		ids = append(ids, id)
-		msgs = append(msgs, publishing{MessageId: id, Body: []byte(id)})
 	}
-	publish(t, conn, q, msgs...)
+	target.publish(ids)
 
 	var logs bytes.Buffer
 	start := func() *exec.Cmd {
@@ -112,25 +189,21 @@ journal: {path: %q}
 		_ = final.Wait()
 	})
 
-	queues := []string{q, rabbitmq.RetryQueue(q), rabbitmq.TierQueue(q, tierD)}
-	dlq := rabbitmq.DeadLetterQueue(q)
 	done := func() bool {
-		for _, name := range queues {
-			if depth(t, conn, name) != 0 {
-				return false
-			}
+		if !target.idle() {
+			return false
 		}
 		mu.Lock()
 		handled := len(succeeded)
 		mu.Unlock()
-		return handled+depth(t, conn, dlq) >= len(ids)
+		return handled+target.deadCount() >= len(ids)
 	}
 	deadline := time.Now().Add(90 * time.Second)
 	for !done() {
 		if time.Now().After(deadline) {
 			t.Fatalf("workload not finished after the last restart; sidecar log tail:\n%s", tail(logs.String(), 40))
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond)
 	}
 	time.Sleep(time.Second) // let anything still in flight land
 	if err := final.Process.Signal(syscall.SIGTERM); err != nil {
@@ -142,12 +215,11 @@ journal: {path: %q}
 
 	dead := map[string]int{}
 	first := map[string]string{} // id → the copy's hop/attempt/reason
-	for _, d := range drain(t, conn, dlq) {
-		id, _ := d.Headers[broker.HeaderEventID].(string)
+	for _, d := range target.deadLetters() {
+		id, sig := d[0], d[1]
 		dead[id]++
-		sig := fmt.Sprint(d.Headers[broker.HeaderHops], "/", d.Headers[broker.HeaderAttempt], "/", d.Headers[broker.HeaderDeadReason])
 		if kind(id) != "poison" {
-			t.Logf("good message %s dead-lettered: hops/attempt/reason %s, error %v", id, sig, d.Headers[broker.HeaderError])
+			t.Logf("good message %s dead-lettered: hops/attempt/reason %s", id, sig)
 		}
 		if prev, ok := first[id]; ok && prev != sig {
 			t.Errorf("two different DLQ copies of %s: %s and %s", id, prev, sig)

@@ -55,6 +55,7 @@ func kafkaSource(sc config.Source, tiers []time.Duration, log *slog.Logger) (sou
 		Ordering:       k.Ordering,
 		MaxInFlight:    k.MaxInFlight,
 		SessionTimeout: k.SessionTimeout.D(),
+		InstanceID:     k.InstanceID,
 		Logger:         log,
 	})
 	if err != nil {

@@ -63,6 +63,10 @@ type Kafka struct {
 	// heartbeating (a crashed sidecar) before its partitions move. Zero means
 	// 45s, the client's default.
 	SessionTimeout Duration `yaml:"session_timeout"`
+	// InstanceID makes the member static (KIP-345): a sidecar restarted with
+	// the same id (say, its pod's name) takes its partitions back at once
+	// instead of waiting out the session timeout and a rebalance.
+	InstanceID string `yaml:"instance_id"`
 }
 
 // Retry bounds how often and how long a message is tried.

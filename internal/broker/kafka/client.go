@@ -36,6 +36,8 @@ type Options struct {
 	// SessionTimeout is the group session timeout; zero keeps the client's
 	// default (45s).
 	SessionTimeout time.Duration
+	// InstanceID, when set, makes the group member static.
+	InstanceID string
 	// Extra are further client options (TLS, SASL, tests' timeouts).
 	Extra  []kgo.Opt
 	Logger *slog.Logger
@@ -146,6 +148,9 @@ func New(o Options) (*Client, error) {
 	}, o.Extra...)
 	if o.SessionTimeout > 0 {
 		opts = append(opts, kgo.SessionTimeout(o.SessionTimeout))
+	}
+	if o.InstanceID != "" {
+		opts = append(opts, kgo.InstanceID(o.InstanceID))
 	}
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
