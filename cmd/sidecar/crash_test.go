@@ -12,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"handoff.dev/handoff/internal/broker/kafka"
 	"handoff.dev/handoff/internal/broker/rabbitmq"
 	"handoff.dev/handoff/internal/config"
 	"handoff.dev/handoff/internal/dispatch"
@@ -233,4 +236,41 @@ func TestCrashMidJournalBatch(t *testing.T) {
 	if n := depth(t, conn, rabbitmq.DeadLetterQueue(q)); n != 0 {
 		t.Errorf("DLQ holds %d, want 0", n)
 	}
+}
+
+// After a DLQ copy reached a Kafka topic, before the journal recorded its
+// acknowledgement: the restart reads the topic back, finds the copy, and
+// writes no second one (a queue cannot be read back; see the RabbitMQ test
+// above, where the retry consumer drops the second copy instead).
+func TestCrashAfterPublishBeforeConfirmKafka(t *testing.T) {
+	t.Parallel()
+	const topic = "crash"
+	brokers := kafkaCluster(t, topic, 1)
+	a := newApp(t, status(http.StatusUnprocessableEntity))
+	cfg := kafkaConfig(a.url(), brokers, topic, tier)
+	cfg.Journal.Path = filepath.Join(t.TempDir(), "handoff.db")
+	cfg.Shutdown.DrainTimeout = config.Duration(time.Second)
+	fault, fired := crashOnce(dispatch.WindowPublished)
+	s := startSidecarWith(t, cfg, hooks{fault: fault})
+
+	produceKafka(t, brokers, &kgo.Record{Topic: topic, Value: []byte("x"), Headers: []kgo.RecordHeader{{Key: "ce_id", Value: []byte("k-1")}}})
+	waitFor(t, 10*time.Second, "the crash", fired.Load)
+	s.stop(t)
+
+	s = startSidecar(t, cfg)
+	dlq := kafka.DeadLetterTopic(topic, kafkaGroup(topic))
+	// Give the restart time to resume the record (it would write a second
+	// copy within this if it wrote one at all).
+	time.Sleep(2 * time.Second)
+	s.stop(t)
+	if n := len(readTopic(t, brokers, dlq)); n != 1 {
+		t.Errorf("DLQ topic holds %d copies, want exactly 1", n)
+	}
+	if n := len(a.callsFor("k-1")); n != 1 {
+		t.Errorf("app called %d times, want 1", n)
+	}
+	if steps := timeline(t, cfg.Journal.Path, "test", "k-1"); !hasStep(steps, journal.Transferred, "found at the destination") {
+		t.Errorf("journal does not show the copy found at its destination: %+v", steps)
+	}
+	checkCommittedAtLogEnd(t, brokers, topic)
 }

@@ -13,6 +13,10 @@ import (
 	"handoff.dev/handoff/internal/dispatch"
 )
 
+// Topics can be read back, so an unconfirmed Kafka copy is looked for
+// before it is produced again.
+var _ dispatch.CopyFinder = (*kafka.Client)(nil)
+
 func rabbitSource(sc config.Source, tiers []time.Duration, log *slog.Logger) source {
 	r := sc.RabbitMQ
 	c := rabbitmq.NewClient(rabbitmq.Options{

@@ -181,6 +181,12 @@ func (h *handoff) resume(ctx context.Context, st *journal.State) bool {
 			// still brings the copy back no earlier than due.
 			dest.Tier = h.e.o.Policy.Tier(dest.Tier)
 		}
+		if h.copyArrived(ctx, dest, st.Copy) {
+			if h.journal(ctx, journal.Record{Kind: journal.Transferred, Hop: st.Copy.Hop, Dest: st.Copy.Dest, Detail: "found at the destination"}) {
+				h.settleDuplicate("its unconfirmed copy to " + st.Copy.Dest + " was found there")
+			}
+			return true
+		}
 		h.logger().Info("publishing an unconfirmed copy again", "to", dest, "attempt", st.Copy.Attempt)
 		h.transfer(ctx, st.Copy.Trail, dest, "unconfirmed copy")
 	case st.Hop == hop && st.Handled():
@@ -210,6 +216,21 @@ func (h *handoff) resume(ctx context.Context, st *journal.State) bool {
 		return false
 	}
 	return true
+}
+
+// copyArrived reports whether an unconfirmed copy can be found at its
+// destination, when the destination can be read back at all.
+func (h *handoff) copyArrived(ctx context.Context, dest broker.Destination, c *journal.Copy) bool {
+	finder, ok := h.r.Transfer.(CopyFinder)
+	if !ok {
+		return false
+	}
+	found, err := finder.FindCopy(ctx, dest, c.Trail, c.At)
+	if err != nil {
+		h.logger().Warn("could not read the destination back; publishing the copy again", "to", dest, "err", err)
+		return false
+	}
+	return found
 }
 
 // attempt calls the app until it answers (holding while it is unreachable)

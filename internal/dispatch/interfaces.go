@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"time"
 
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/handler"
@@ -21,6 +22,16 @@ type Source interface {
 // copy. It is safe for concurrent use.
 type Transferer interface {
 	Transfer(ctx context.Context, dest broker.Destination, msg *broker.Message, trail broker.Headers) error
+}
+
+// CopyFinder is what a Transferer whose destinations can be read back (Kafka
+// topics, unlike queues) also offers: after a crash between publishing a
+// copy and recording its confirm, the copy is looked for rather than
+// published a second time.
+type CopyFinder interface {
+	// FindCopy reports whether a copy with trail's event id, replay id and
+	// hop reached dest, written since about since.
+	FindCopy(ctx context.Context, dest broker.Destination, trail broker.Headers, since time.Time) (bool, error)
 }
 
 // Deliverer calls the app. It is safe for concurrent use.

@@ -33,6 +33,8 @@ type State struct {
 
 // Copy is a retry or dead-letter copy as the journal recorded it.
 type Copy struct {
+	// At is when the copy was recorded, just before it was published.
+	At        time.Time
 	Hop       int
 	Dest      string
 	Attempt   int
@@ -67,7 +69,7 @@ func (s *State) apply(r Record) {
 			s.HopOutcome, s.HopDetail = r.Outcome, r.Detail
 		}
 	case Transferring:
-		s.Copy = &Copy{Hop: r.Hop, Dest: r.Dest, Attempt: r.Attempt, Trail: r.Trail}
+		s.Copy = &Copy{At: r.At, Hop: r.Hop, Dest: r.Dest, Attempt: r.Attempt, Trail: r.Trail}
 	case Transferred:
 		if s.Copy != nil && s.Copy.Hop == r.Hop {
 			s.Copy.Confirmed = true

@@ -245,3 +245,39 @@ func TestDeadLetterTopicKeepsTheRecord(t *testing.T) {
 		t.Errorf("headers: repeated a=%q (want 12, in order), dead reason %q", as, reason)
 	}
 }
+
+func TestFindCopyReadsTheDestinationBack(t *testing.T) {
+	addrs := cluster(t, "orders")
+	c := newClient(t, addrs, "orders", time.Second)
+	defer c.Close()
+	before := time.Now()
+	orig := &kgo.Record{Topic: "orders", Key: []byte("k"), Value: []byte("v")}
+	msg := &broker.Message{Key: orig.Key, Body: orig.Value, Native: orig}
+	trail := broker.Trail{EventID: "e-9", Attempt: 2, Hops: 2, DeadReason: "permanent"}
+	dlq := broker.Destination{DeadLetter: true}
+	if err := c.Transfer(context.Background(), dlq, msg, trail.Headers()); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name  string
+		dest  broker.Destination
+		trail broker.Trail
+		since time.Time
+		want  bool
+	}{
+		{"the copy", dlq, trail, before, true},
+		{"another hop", dlq, broker.Trail{EventID: "e-9", Attempt: 2, Hops: 3}, before, false},
+		{"another event", dlq, broker.Trail{EventID: "e-8", Attempt: 2, Hops: 2}, before, false},
+		{"another replay", dlq, broker.Trail{EventID: "e-9", Attempt: 2, Hops: 2, ReplayID: "r1"}, before, false},
+		{"another destination", broker.Destination{Tier: time.Second}, trail, before, false},
+		{"written before since", dlq, trail, time.Now().Add(time.Minute), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := c.FindCopy(context.Background(), tt.dest, tt.trail.Headers(), tt.since)
+			if err != nil || got != tt.want {
+				t.Errorf("FindCopy = %v, %v; want %v", got, err, tt.want)
+			}
+		})
+	}
+}
