@@ -50,6 +50,23 @@ func sidecarBinary(t *testing.T) string {
 	return binPath
 }
 
+// waitExit waits up to timeout for cmd to end and returns how it ended; if it
+// is still running then, it is killed and the test fails, showing out.
+func waitExit(t *testing.T, cmd *exec.Cmd, timeout time.Duration, out fmt.Stringer) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(timeout):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("%s still running after %v:\n%s", filepath.Base(cmd.Path), timeout, out)
+		return nil
+	}
+}
+
 func writeFile(t *testing.T, content string) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "handoff.yaml")
@@ -176,15 +193,8 @@ journal: {path: %q}
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("sidecar exited with %v after SIGTERM; log:\n%s", err, stderr.String())
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatalf("sidecar still running 15s after SIGTERM; log:\n%s", stderr.String())
+	if err := waitExit(t, cmd, 15*time.Second, &stderr); err != nil {
+		t.Fatalf("sidecar exited with %v after SIGTERM; log:\n%s", err, stderr.String())
 	}
 	calls := len(a.allCalls())
 	if calls != 2 {

@@ -20,16 +20,8 @@ func TestDevAccountsForEveryOrder(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("sidecar dev: %v\n%s", err, out.String())
-		}
-	case <-time.After(60 * time.Second):
-		_ = cmd.Process.Kill()
-		t.Fatalf("sidecar dev did not finish 24 orders in 60s:\n%s", out.String())
+	if err := waitExit(t, cmd, 60*time.Second, &out); err != nil {
+		t.Fatalf("sidecar dev: %v\n%s", err, out.String())
 	}
 	m := regexp.MustCompile(`Totals: (\d+) produced, (\d+) handled, (\d+) dead-lettered, (\d+) still in flight`).FindStringSubmatch(out.String())
 	if m == nil {
@@ -62,16 +54,8 @@ func TestDevStopsOnInterrupt(t *testing.T) {
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("sidecar dev exited with %v after Ctrl-C\n%s", err, out.String())
-		}
-	case <-time.After(20 * time.Second):
-		_ = cmd.Process.Kill()
-		t.Fatalf("sidecar dev still running 20s after Ctrl-C:\n%s", out.String())
+	if err := waitExit(t, cmd, 20*time.Second, &out); err != nil {
+		t.Errorf("sidecar dev exited with %v after Ctrl-C\n%s", err, out.String())
 	}
 	if !bytes.Contains(out.Bytes(), []byte("Totals: ")) {
 		t.Errorf("no totals after Ctrl-C:\n%s", out.String())
