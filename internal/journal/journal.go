@@ -22,7 +22,8 @@ type SyncMode uint8
 const (
 	// SyncBatch group-commits: one fsync for every record queued meanwhile.
 	SyncBatch SyncMode = iota
-	// SyncAlways commits (and fsyncs) each Append on its own.
+	// SyncAlways commits (and fsyncs) each Append on its own; AppendAsync
+	// records ride along with the next one.
 	SyncAlways
 	// SyncNone commits without fsync: a process crash loses nothing, a
 	// machine crash may lose the last records.
@@ -292,7 +293,9 @@ func (j *Journal) writer() {
 			}
 		}
 		batch = append(batch[:0], first)
-		if j.o.Sync != SyncAlways {
+		if j.o.Sync == SyncAlways {
+			batch, next = j.gatherAsync(batch, len(first.recs))
+		} else {
 			batch, next = j.gather(batch, len(first.recs))
 		}
 		err := j.failure()
@@ -347,6 +350,36 @@ func (j *Journal) gather(batch []*request, n int) ([]*request, *request) {
 		}
 		batch = append(batch, r)
 		n += len(r.recs)
+	}
+	return batch, nil
+}
+
+// gatherAsync is gather for SyncAlways: every Append still commits on its
+// own, but queued records nobody waits for (AppendAsync) ride along with the
+// next transaction instead of costing an fsync each.
+func (j *Journal) gatherAsync(batch []*request, n int) ([]*request, *request) {
+	if batch[len(batch)-1].done != nil {
+		return batch, nil // a waited request closes the transaction
+	}
+	for n < j.o.MaxBatch {
+		var r *request
+		var ok bool
+		select {
+		case r, ok = <-j.reqs:
+		default:
+			return batch, nil
+		}
+		if !ok {
+			return batch, nil
+		}
+		if n+len(r.recs) > j.o.MaxBatch {
+			return batch, r
+		}
+		batch = append(batch, r)
+		n += len(r.recs)
+		if r.done != nil {
+			return batch, nil
+		}
 	}
 	return batch, nil
 }
