@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -79,6 +80,11 @@ func kafkaSource(sc config.Source, tiers []time.Duration, log *slog.Logger) (sou
 		ready: func() error {
 			if !declared.Load() {
 				return errors.New("topics not yet checked")
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			if err := c.Ping(ctx); err != nil {
+				return fmt.Errorf("no broker answers: %w", err)
 			}
 			return nil
 		},

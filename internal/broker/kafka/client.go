@@ -311,6 +311,9 @@ func nextDue(r *kgo.Record) (time.Time, bool) {
 	return time.Time{}, false
 }
 
+// Ping reports whether a broker answers.
+func (c *Client) Ping(ctx context.Context) error { return c.cl.Ping(ctx) }
+
 // settle marks d done and moves its partition's commit mark.
 func (c *Client) settle(d *delivery) {
 	if !d.st.finish(d, c.sem) {
