@@ -1,0 +1,119 @@
+package rabbitmq
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/broker/brokertest"
+)
+
+// The broker contract, on the local RabbitMQ.
+func TestContract(t *testing.T) {
+	brokertest.Run(t, rabbitFixture, brokertest.Capabilities{ReleaseRedeliversAtOnce: true})
+}
+
+const contractTier = 500 * time.Millisecond
+
+func rabbitURL() string {
+	if u := os.Getenv("HANDOFF_RABBITMQ_URL"); u != "" {
+		return u
+	}
+	return "amqp://guest:guest@127.0.0.1:5672/"
+}
+
+// channel opens a connection and channel for the test's own use; a missing
+// broker fails the test (make brokers starts it).
+func channel(t *testing.T) *amqp.Channel {
+	t.Helper()
+	conn, err := amqp.Dial(rabbitURL())
+	if err != nil {
+		t.Fatalf("RabbitMQ at %s is required (scripts/rabbitmq-local start): %v", rabbitURL(), err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ch
+}
+
+// both consumes the source queue and the retry queue as one intake.
+type both []*Source
+
+func (b both) Consume(ctx context.Context, deliver func(broker.Delivery)) error {
+	var wg sync.WaitGroup
+	for _, s := range b {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = s.Consume(ctx, deliver)
+		}()
+	}
+	wg.Wait()
+	return nil
+}
+
+func rabbitFixture(t *testing.T) brokertest.Fixture {
+	ch := channel(t)
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	q := "contract." + hex.EncodeToString(b[:])
+	if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cl := channel(t)
+		for _, name := range []string{q, RetryQueue(q), DeadLetterQueue(q), TierQueue(q, contractTier)} {
+			_, _ = cl.QueueDelete(name, false, false, false)
+		}
+	})
+	return brokertest.Fixture{
+		Tier: contractTier,
+		Open: func(t *testing.T) (brokertest.Consumer, brokertest.Transferer, func()) {
+			c := NewClient(Options{Name: "contract", URL: rabbitURL(), Queue: q, Prefetch: 16,
+				Tiers: []time.Duration{contractTier}, Declare: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { defer close(done); _ = c.Run(ctx) }()
+			deadline := time.Now().Add(15 * time.Second)
+			for !c.Connected() {
+				if time.Now().After(deadline) {
+					t.Fatal("not connected after 15s")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			return both{c.Source(), c.RetrySource()}, c, func() { cancel(); <-done }
+		},
+		Publish: func(t *testing.T, id string, body []byte, headers map[string]string) {
+			table := amqp.Table{}
+			for k, v := range headers {
+				table[k] = v
+			}
+			if err := ch.PublishWithContext(context.Background(), "", q, false, false, amqp.Publishing{
+				MessageId: id, Body: body, Headers: table, DeliveryMode: amqp.Persistent,
+			}); err != nil {
+				t.Fatal(err)
+			}
+		},
+		DeadLetters: func(t *testing.T) []broker.Message {
+			var out []broker.Message
+			for {
+				d, ok, err := ch.Get(DeadLetterQueue(q), true)
+				if err != nil || !ok {
+					return out
+				}
+				out = append(out, broker.Message{Body: d.Body, MessageID: d.MessageId, Headers: stringHeaders(d.Headers)})
+			}
+		},
+	}
+}
