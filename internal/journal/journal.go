@@ -397,7 +397,10 @@ func (j *Journal) commit(batch []*request) error {
 				if err != nil {
 					return err
 				}
-				if err := steps.Put(binary.BigEndian.AppendUint64(append([]byte(nil), r.key...), seq), rec.Encode(nil)); err != nil {
+				// bbolt keeps the slices until the commit: one allocation
+				// each, sized up front.
+				key := binary.BigEndian.AppendUint64(append(make([]byte, 0, len(r.key)+8), r.key...), seq)
+				if err := steps.Put(key, rec.Encode(make([]byte, 0, rec.size()))); err != nil {
 					return err
 				}
 				if err := index(open, settled, r.key, &rec); err != nil {

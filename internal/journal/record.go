@@ -146,6 +146,19 @@ func (r *Record) Encode(dst []byte) []byte {
 	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
 }
 
+// size is an upper bound of the encoding's length, so Encode appends to a
+// buffer allocated once.
+func (r *Record) size() int {
+	n := 2 + 4 + 6*(2+binary.MaxVarintLen64) + 3*(1+binary.MaxVarintLen64) + len(r.Dest) + len(r.Detail) + len(r.Position)
+	if len(r.Trail) > 0 {
+		n += 1 + binary.MaxVarintLen64
+		for k, v := range r.Trail {
+			n += 2*binary.MaxVarintLen64 + len(k) + len(v)
+		}
+	}
+	return n
+}
+
 // Decode reads one encoded record. It never panics: anything it cannot read
 // is ErrCorrupt or ErrVersion.
 func Decode(b []byte) (Record, error) {
