@@ -27,13 +27,17 @@ func newGate(probe func(context.Context) error, log *slog.Logger) *gate {
 	return g
 }
 
+// openChan is closed while the gate is open.
+func (g *gate) openChan() <-chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.opened
+}
+
 // wait blocks while the gate is held, until ctx is done.
 func (g *gate) wait(ctx context.Context) error {
-	g.mu.Lock()
-	opened := g.opened
-	g.mu.Unlock()
 	select {
-	case <-opened:
+	case <-g.openChan():
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()

@@ -2,7 +2,6 @@ package dispatch
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -25,9 +24,6 @@ const (
 	// WindowConfirmed: the copy's confirm was recorded; not yet acked.
 	WindowConfirmed Window = "confirmed-before-ack"
 )
-
-// errCrashed stops a hand-off where a Fault said the process died.
-var errCrashed = errors.New("crashed (fault injection)")
 
 // defaultCEType is the ce-type of messages that carry none.
 const defaultCEType = "handoff.message"
@@ -290,7 +286,7 @@ func (h *handoff) attempt(ctx context.Context) {
 			case <-h.d.Lost():
 				h.logger().Warn("delivery lost while the app was unreachable; the broker redelivers it")
 				return
-			case <-waitGate(ctx, e.gate):
+			case <-e.gate.openChan():
 			}
 			continue
 		}
@@ -344,12 +340,6 @@ func (h *handoff) acquire(ctx context.Context) bool {
 	case <-h.d.Lost():
 	}
 	return false
-}
-
-func waitGate(ctx context.Context, g *gate) <-chan struct{} {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.opened
 }
 
 // decide turns the answer to attempt into an action and carries it out.

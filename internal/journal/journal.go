@@ -13,6 +13,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 )
 
 // SyncMode is how hard the journal makes a record durable before Append
@@ -218,7 +219,7 @@ func openDB(path string, noSync, readOnly bool) (db *bolt.DB, err error) {
 		},
 	})
 	switch {
-	case errors.Is(err, bolt.ErrTimeout):
+	case errors.Is(err, berrors.ErrTimeout):
 		return nil, fmt.Errorf("%w: %s", ErrLocked, path)
 	case err != nil && (os.IsPermission(err) || errors.Is(err, fs.ErrNotExist)):
 		return nil, fmt.Errorf("open journal: %w", err)

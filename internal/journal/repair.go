@@ -7,6 +7,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 )
 
 // RepairReport says what Repair kept.
@@ -127,7 +128,7 @@ func ensureUnlocked(path string) (err error) {
 		}
 	}()
 	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Second})
-	if errors.Is(err, bolt.ErrTimeout) {
+	if errors.Is(err, berrors.ErrTimeout) {
 		return fmt.Errorf("%w: %s (stop the sidecar first)", ErrLocked, path)
 	}
 	if err == nil {

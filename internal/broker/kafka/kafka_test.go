@@ -41,8 +41,8 @@ func TestWatermarkOnlyMovesOverSettledRecords(t *testing.T) {
 			t.Fatalf("settle(%d) = %d, %v; want %d, %v", s.settle, next, moved, s.want, s.moved)
 		}
 	}
-	if w.inFlight() != 0 {
-		t.Errorf("inFlight = %d after settling all", w.inFlight())
+	if len(w.pending) != 0 {
+		t.Errorf("%d records still tracked after settling all", len(w.pending))
 	}
 }
 

@@ -47,16 +47,3 @@ func (w *watermark) settle(offset int64) (int64, int32, bool) {
 	}
 	return w.next, w.epoch, moved
 }
-
-// inFlight is how many records are handed out and not settled.
-func (w *watermark) inFlight() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	n := 0
-	for _, m := range w.pending {
-		if !m.settled {
-			n++
-		}
-	}
-	return n
-}
