@@ -2,11 +2,7 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"net/http"
-	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/broker/brokertest"
 	"handoff.dev/handoff/internal/broker/kafka"
 	"handoff.dev/handoff/internal/config"
 )
@@ -50,56 +47,14 @@ func kafkaCluster(t *testing.T, topic string, partitions int32) []string {
 	return c.ListenAddrs()
 }
 
-func realKafkaBrokers() []string {
-	if v := os.Getenv("HANDOFF_KAFKA_BROKERS"); v != "" {
-		return strings.Split(v, ",")
-	}
-	return []string{"127.0.0.1:19092"}
-}
-
-// realKafkaTopic creates a uniquely named topic on the local Apache Kafka and
-// deletes it, its derived topics and its group when the test ends. A missing
-// broker fails the test: make brokers starts it.
+// realKafkaTopic is a topic of the test's own on the local Apache Kafka.
 func realKafkaTopic(t *testing.T, base string, partitions int32) ([]string, string) {
 	t.Helper()
-	brokers := realKafkaBrokers()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	adm := kadm.NewClient(cl)
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	topic := base + "-" + hex.EncodeToString(b[:])
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	resp, err := adm.CreateTopic(ctx, partitions, 1, nil, topic)
-	if err == nil {
-		err = resp.Err
-	}
-	if err != nil {
-		cl.Close()
-		t.Fatalf("Apache Kafka at %v is required (scripts/kafka-local start): %v", brokers, err)
-	}
-	t.Cleanup(func() {
-		defer cl.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		list, _ := adm.ListTopics(ctx)
-		var drop []string
-		for _, name := range list.Names() {
-			if name == topic || strings.HasPrefix(name, topic+".") {
-				drop = append(drop, name)
-			}
-		}
-		_, _ = adm.DeleteTopics(ctx, drop...)
-		_, _ = adm.DeleteGroups(ctx, topic+"-g")
-	})
-	return brokers, topic
+	return brokertest.KafkaTopic(t, base, partitions)
 }
 
 // kafkaGroup is the consumer group the tests use for topic.
-func kafkaGroup(topic string) string { return topic + "-g" }
+func kafkaGroup(topic string) string { return brokertest.KafkaGroup(topic) }
 
 func kafkaConfig(appURL string, brokers []string, topic string, tiers ...time.Duration) config.Config {
 	cfg := testConfig(appURL, "unused", tiers...)
@@ -112,14 +67,7 @@ func kafkaConfig(appURL string, brokers []string, topic string, tiers ...time.Du
 
 func produceKafka(t *testing.T, brokers []string, recs ...*kgo.Record) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
+	brokertest.Produce(t, brokers, recs...)
 }
 
 // readTopic returns every record in topic.

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/broker/brokertest"
 )
 
 // These tests run the adapter against kfake, franz-go's in-process Kafka
@@ -73,14 +74,7 @@ func newClient(t *testing.T, addrs []string, topic string, tiers ...time.Duratio
 
 func produce(t *testing.T, addrs []string, recs ...*kgo.Record) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
+	brokertest.Produce(t, addrs, recs...)
 }
 
 func committed(t *testing.T, addrs []string, topic string) int64 {

@@ -1,0 +1,81 @@
+package brokertest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// KafkaBrokers is the local Apache Kafka the tests use: HANDOFF_KAFKA_BROKERS,
+// else the one scripts/kafka-local starts.
+func KafkaBrokers() []string {
+	if v := os.Getenv("HANDOFF_KAFKA_BROKERS"); v != "" {
+		return strings.Split(v, ",")
+	}
+	return []string{"127.0.0.1:19092"}
+}
+
+// KafkaGroup is the consumer group tests use for topic.
+func KafkaGroup(topic string) string { return topic + "-g" }
+
+// KafkaTopic creates a uniquely named topic (base-<random>) on the local
+// Apache Kafka and deletes it, every topic derived from it (topic.*) and its
+// group when the test ends. A missing broker fails the test: make brokers
+// starts it.
+func KafkaTopic(t *testing.T, base string, partitions int32) ([]string, string) {
+	t.Helper()
+	brokers := KafkaBrokers()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	adm := kadm.NewClient(cl)
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	topic := base + "-" + hex.EncodeToString(b[:])
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := adm.CreateTopic(ctx, partitions, 1, nil, topic)
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil {
+		cl.Close()
+		t.Fatalf("Apache Kafka at %v is required (scripts/kafka-local start): %v", brokers, err)
+	}
+	t.Cleanup(func() {
+		defer cl.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		list, _ := adm.ListTopics(ctx)
+		var drop []string
+		for _, name := range list.Names() {
+			if name == topic || strings.HasPrefix(name, topic+".") {
+				drop = append(drop, name)
+			}
+		}
+		_, _ = adm.DeleteTopics(ctx, drop...)
+		_, _ = adm.DeleteGroups(ctx, KafkaGroup(topic))
+	})
+	return brokers, topic
+}
+
+// Produce writes recs and waits for the brokers to have them.
+func Produce(t *testing.T, brokers []string, recs ...*kgo.Record) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+}
