@@ -185,6 +185,51 @@ func TestCrashAfterConfirmBeforeAck(t *testing.T) {
 	}
 }
 
+// After a DLQ copy reached the DLQ, before the journal recorded its confirm:
+// the restart browses the DLQ, finds the copy, and publishes no second one.
+func TestCrashAfterPublishBeforeConfirmDLQ(t *testing.T) {
+	t.Parallel()
+	conn := dialRabbit(t)
+	q := testQueue(t, conn, []time.Duration{tier})
+	a := newApp(t, status(http.StatusUnprocessableEntity))
+	cfg := crashConfig(t, a.url(), q)
+	var fired atomic.Bool
+	fault := func(at dispatch.Window, k journal.Key) error {
+		if at == dispatch.WindowPublished && k.EventID == "c-5" && fired.CompareAndSwap(false, true) {
+			return errCrash
+		}
+		return nil
+	}
+	s := startSidecarWith(t, cfg, hooks{fault: fault})
+
+	// Dead letters of other events ahead of it: the browse must look past
+	// them and hand them all back.
+	for _, id := range []string{"other-1", "other-2", "c-5"} {
+		publish(t, conn, q, publishing{MessageId: id, Body: []byte(id)})
+	}
+	waitFor(t, 10*time.Second, "the crash", fired.Load)
+	s.stop(t)
+	waitFor(t, 5*time.Second, "the unacked message back in the queue", func() bool { return depth(t, conn, q) >= 1 })
+
+	s = startSidecar(t, cfg)
+	waitFor(t, 10*time.Second, "the redelivery settled", func() bool { return depth(t, conn, q) == 0 })
+	time.Sleep(200 * time.Millisecond)
+	s.stop(t)
+	count := map[string]int{}
+	for _, d := range drain(t, conn, rabbitmq.DeadLetterQueue(q)) {
+		count[d.MessageId]++
+	}
+	if len(count) != 3 || count["other-1"] != 1 || count["other-2"] != 1 || count["c-5"] != 1 {
+		t.Errorf("DLQ copies by id = %v, want one of each", count)
+	}
+	if n := len(a.callsFor("c-5")); n != 1 {
+		t.Errorf("app called %d times, want 1", n)
+	}
+	if steps := timeline(t, cfg.Journal.Path, "test", "c-5"); !hasStep(steps, journal.Transferred, "found at the destination") {
+		t.Errorf("journal does not show the copy found at its destination: %+v", steps)
+	}
+}
+
 // The journal writer fails in the middle of a batch (the process dies before
 // the commit): the sidecar stops itself rather than go on without its
 // journal; after a restart the message is handled, never lost.
@@ -240,8 +285,7 @@ func TestCrashMidJournalBatch(t *testing.T) {
 
 // After a DLQ copy reached a Kafka topic, before the journal recorded its
 // acknowledgement: the restart reads the topic back, finds the copy, and
-// writes no second one (a queue cannot be read back; see the RabbitMQ test
-// above, where the retry consumer drops the second copy instead).
+// writes no second one.
 func TestCrashAfterPublishBeforeConfirmKafka(t *testing.T) {
 	t.Parallel()
 	const topic = "crash"

@@ -14,9 +14,12 @@ import (
 	"handoff.dev/handoff/internal/dispatch"
 )
 
-// Topics can be read back, so an unconfirmed Kafka copy is looked for
-// before it is produced again.
-var _ dispatch.CopyFinder = (*kafka.Client)(nil)
+// An unconfirmed dead-letter copy is looked for before it is written again:
+// Kafka reads the topic back, RabbitMQ browses the DLQ.
+var (
+	_ dispatch.CopyFinder = (*kafka.Client)(nil)
+	_ dispatch.CopyFinder = (*rabbitmq.Client)(nil)
+)
 
 func rabbitSource(sc config.Source, tiers []time.Duration, log *slog.Logger) source {
 	r := sc.RabbitMQ

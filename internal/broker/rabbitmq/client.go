@@ -45,6 +45,8 @@ type Client struct {
 	changed chan struct{} // closed and replaced whenever sess changes
 
 	wg sync.WaitGroup // consumer-channel watchers
+
+	browsing chan struct{} // a one-slot lock on browsing the DLQ, which honours ctx
 }
 
 // NewClient returns a client; Run connects it.
@@ -59,10 +61,11 @@ func NewClient(o Options) *Client {
 		o.Logger = slog.Default()
 	}
 	return &Client{
-		opts:    o,
-		topo:    Topology{Queue: o.Queue, Tiers: o.Tiers, Declare: o.Declare},
-		log:     o.Logger.With("source", o.Name, "queue", o.Queue),
-		changed: make(chan struct{}),
+		opts:     o,
+		topo:     Topology{Queue: o.Queue, Tiers: o.Tiers, Declare: o.Declare},
+		log:      o.Logger.With("source", o.Name, "queue", o.Queue),
+		changed:  make(chan struct{}),
+		browsing: make(chan struct{}, 1),
 	}
 }
 
