@@ -318,3 +318,44 @@ func TestCrashAfterPublishBeforeConfirmKafka(t *testing.T) {
 	}
 	checkCommittedAtLogEnd(t, brokers, topic)
 }
+
+// With transactional_transfer the copy and the record's offset commit
+// together: after a crash between the commit and the journal's record of it,
+// the record is not consumed again at all.
+func TestCrashAfterPublishBeforeConfirmKafkaTransactional(t *testing.T) {
+	t.Parallel()
+	brokers, topic := realKafkaTopic(t, "txcrash", 1)
+	a := newApp(t, status(http.StatusUnprocessableEntity))
+	cfg := kafkaConfig(a.url(), brokers, topic, tier)
+	cfg.Sources[0].Kafka.TransactionalTransfer = true
+	cfg.Journal.Path = filepath.Join(t.TempDir(), "handoff.db")
+	cfg.Shutdown.DrainTimeout = config.Duration(time.Second)
+	fault, fired := crashOnce(dispatch.WindowPublished)
+	s := startSidecarWith(t, cfg, hooks{fault: fault})
+
+	produceKafka(t, brokers, &kgo.Record{Topic: topic, Value: []byte("x"), Headers: []kgo.RecordHeader{{Key: "ce_id", Value: []byte("t-1")}}})
+	waitFor(t, 20*time.Second, "the crash", fired.Load)
+	s.stop(t)
+	// The offset committed with the copy, before the crash.
+	checkCommittedAtLogEnd(t, brokers, topic)
+
+	s = startSidecar(t, cfg)
+	time.Sleep(2 * time.Second)
+	s.stop(t)
+	if n := len(readTopic(t, brokers, kafka.DeadLetterTopic(topic, kafkaGroup(topic)))); n != 1 {
+		t.Errorf("DLQ topic holds %d copies, want exactly 1", n)
+	}
+	if n := len(a.callsFor("t-1")); n != 1 {
+		t.Errorf("app called %d times, want 1", n)
+	}
+	steps := timeline(t, cfg.Journal.Path, "test", "t-1")
+	received := 0
+	for _, st := range steps {
+		if st.Kind == journal.Received {
+			received++
+		}
+	}
+	if received != 1 {
+		t.Errorf("the record was consumed %d times, want once: %+v", received, steps)
+	}
+}

@@ -19,8 +19,19 @@ import (
 // SIGKILL mid-stream; the other takes its partitions over (after the session
 // timeout) and every record is handed to the app. Records the killed one had
 // handled but not yet committed come again: they are counted and reported.
+// The same runs with transactional_transfer, where every commit is a
+// transaction that a rebalance aborts.
 func TestKafkaTwoSidecarsOneKilled(t *testing.T) {
 	t.Parallel()
+	for _, transactional := range []bool{false, true} {
+		t.Run(fmt.Sprintf("transactional=%v", transactional), func(t *testing.T) {
+			t.Parallel()
+			testTwoSidecarsOneKilled(t, transactional)
+		})
+	}
+}
+
+func testTwoSidecarsOneKilled(t *testing.T, transactional bool) {
 	bin := sidecarBinary(t)
 	brokers, topic := realKafkaTopic(t, "group", 6)
 	a := newApp(t, func(w http.ResponseWriter, _ call, _ []call) {
@@ -39,12 +50,12 @@ func TestKafkaTwoSidecarsOneKilled(t *testing.T) {
 		path := writeFile(t, fmt.Sprintf(`handler: {url: %q, max_concurrency: 8}
 sources:
   - name: group
-    kafka: {brokers: [%q], topic: %q, group: %q, session_timeout: 6s}
+    kafka: {brokers: [%q], topic: %q, group: %q, session_timeout: 6s, transactional_transfer: %v}
 retry: {tiers: [1s]}
 telemetry: {metrics_listen: ""}
 admin: {listen: "127.0.0.1:0"}
 journal: {path: %q}
-`, a.url(), strings.Join(brokers, ","), topic, kafkaGroup(topic), filepath.Join(t.TempDir(), name+".db")))
+`, a.url(), strings.Join(brokers, ","), topic, kafkaGroup(topic), transactional, filepath.Join(t.TempDir(), name+".db")))
 		var logs bytes.Buffer
 		cmd := exec.Command(bin, "run", "--config", path)
 		cmd.Stderr = &logs
@@ -54,8 +65,13 @@ journal: {path: %q}
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 		return cmd, &logs
 	}
-	first, _ := start("first")
+	first, firstLogs := start("first")
 	second, secondLogs := start("second")
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("first sidecar's log:\n%s\nsecond sidecar's log:\n%s", tail(firstLogs.String(), 40), tail(secondLogs.String(), 60))
+		}
+	})
 
 	waitFor(t, 60*time.Second, "a third of the records", func() bool { return len(a.allCalls()) >= n/3 })
 	if err := first.Process.Signal(syscall.SIGKILL); err != nil {

@@ -232,7 +232,7 @@ func buildSource(sc config.Source, cfg config.Config, tiers []time.Duration, log
 	case sc.RabbitMQ != nil:
 		return rabbitSource(sc, tiers, log), nil
 	case sc.Kafka != nil:
-		return kafkaSource(sc, tiers, log)
+		return kafkaSource(sc, tiers, cfg.Journal.Path, log)
 	}
 	return source{}, &exitError{code: exitConfig, err: fmt.Errorf("source %q: no broker configured", sc.Name)}
 }

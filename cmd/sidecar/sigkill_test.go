@@ -84,11 +84,21 @@ func TestSIGKILLMixedWorkloadRabbitMQ(t *testing.T) {
 
 func TestSIGKILLMixedWorkloadKafka(t *testing.T) {
 	t.Parallel()
+	for _, transactional := range []bool{false, true} {
+		t.Run(fmt.Sprintf("transactional=%v", transactional), func(t *testing.T) {
+			t.Parallel()
+			testSIGKILLKafka(t, transactional)
+		})
+	}
+}
+
+func testSIGKILLKafka(t *testing.T, transactional bool) {
 	brokers, topic := realKafkaTopic(t, "kill", 3)
 	runSIGKILLWorkload(t, killTarget{
-		// A static member: each restart takes the partitions back at once.
-		source: fmt.Sprintf("kafka: {brokers: [%q], topic: %q, group: %q, instance_id: kill-test, session_timeout: 6s}",
-			strings.Join(brokers, ","), topic, kafkaGroup(topic)),
+		// A static member: each restart takes the partitions back at once
+		// (and, transactional, aborts the transaction the kill left open).
+		source: fmt.Sprintf("kafka: {brokers: [%q], topic: %q, group: %q, instance_id: kill-test, session_timeout: 6s, transactional_transfer: %v}",
+			strings.Join(brokers, ","), topic, kafkaGroup(topic), transactional),
 		publish: func(ids []string) {
 			var recs []*kgo.Record
 			for i, id := range ids {

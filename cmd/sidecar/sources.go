@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 	"time"
 
@@ -51,9 +53,9 @@ func rabbitSource(sc config.Source, tiers []time.Duration, log *slog.Logger) sou
 	}
 }
 
-func kafkaSource(sc config.Source, tiers []time.Duration, log *slog.Logger) (source, error) {
+func kafkaSource(sc config.Source, tiers []time.Duration, journalPath string, log *slog.Logger) (source, error) {
 	k := sc.Kafka
-	c, err := kafka.New(kafka.Options{
+	o := kafka.Options{
 		Name:           sc.Name,
 		Brokers:        k.Brokers,
 		Topic:          k.Topic,
@@ -65,7 +67,11 @@ func kafkaSource(sc config.Source, tiers []time.Duration, log *slog.Logger) (sou
 		SessionTimeout: k.SessionTimeout.D(),
 		InstanceID:     k.InstanceID,
 		Logger:         log,
-	})
+	}
+	if k.TransactionalTransfer {
+		o.TransactionalID = transactionalID(sc.Name, k, journalPath)
+	}
+	c, err := kafka.New(o)
 	if err != nil {
 		return source{}, err
 	}
@@ -116,4 +122,22 @@ func kafkaSource(sc config.Source, tiers []time.Duration, log *slog.Logger) (sou
 			}
 		},
 	}, nil
+}
+
+// transactionalID names a source's Kafka transactions. It stays the same
+// across the sidecar's restarts, so a restart aborts the transaction a crash
+// left open at once, and differs between the group's members, which would
+// otherwise fence each other: a member is its static instance id, else its
+// host name (a pod's name) and journal file (two sidecars on one host cannot
+// share one).
+func transactionalID(source string, k *config.Kafka, journalPath string) string {
+	member := k.InstanceID
+	if member == "" {
+		host, _ := os.Hostname()
+		if abs, err := filepath.Abs(journalPath); err == nil {
+			journalPath = abs
+		}
+		member = host + ":" + journalPath
+	}
+	return "handoff/" + source + "/" + k.Group + "/" + member
 }

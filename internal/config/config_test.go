@@ -127,11 +127,6 @@ func TestParseProblems(t *testing.T) {
 		{"missing queue", replace(t, "      queue: orders\n", ""), []string{"sources[0].rabbitmq.queue: required"}},
 		{"bad admin listen", replace(t, "listen: 127.0.0.1:9400", "listen: nowhere"), []string{"admin.listen: want host:port"}},
 		{"list where mapping", replace(t, "journal:   {path: ./handoff.db}", "journal: [a]"), []string{"journal: want a mapping"}},
-		{"kafka transactions not yet", replace(t, `    rabbitmq:
-      url: amqp://guest:guest@127.0.0.1:5672/
-      queue: orders
-      prefetch: 100
-`, "    kafka: {brokers: [\"127.0.0.1:9092\"], topic: t, group: g, transactional_transfer: true}\n"), []string{"sources[0].kafka.transactional_transfer: not supported by this build yet"}},
 		{"kafka fields", replace(t, `    rabbitmq:
       url: amqp://guest:guest@127.0.0.1:5672/
       queue: orders

@@ -132,9 +132,6 @@ func (k *Kafka) validate(path string, ps *Problems) {
 	default:
 		ps.add(path+".ordering", "want none, key or partition, got %q", k.Ordering)
 	}
-	if k.TransactionalTransfer {
-		ps.add(path+".transactional_transfer", "not supported by this build yet")
-	}
 	if k.MaxInFlight < 0 {
 		ps.add(path+".max_in_flight", "must not be negative")
 	}

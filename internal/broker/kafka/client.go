@@ -38,6 +38,11 @@ type Options struct {
 	SessionTimeout time.Duration
 	// InstanceID, when set, makes the group member static.
 	InstanceID string
+	// TransactionalID, when set, makes every transfer and offset commit
+	// transactional: a copy commits together with the offset of the record
+	// it settles. It must be unique among the group's members and should
+	// stay the same across a member's restarts.
+	TransactionalID string
 	// Extra are further client options (TLS, SASL, tests' timeouts).
 	Extra  []kgo.Opt
 	Logger *slog.Logger
@@ -55,6 +60,8 @@ type Client struct {
 	now   func() time.Time
 	sem   chan struct{}
 	retry map[string]bool // retry topics
+
+	txn *committer // nil unless transactional
 
 	mu    sync.Mutex
 	parts map[topicPartition]*partition
@@ -75,9 +82,25 @@ type partition struct {
 	wm   watermark
 	lost chan struct{} // closed when the partition is revoked or lost
 	gone bool          // revoked: records still buffered are not handed out
+	// from is the offset of the next record to hand out: a rewound fetch
+	// (an aborted transaction rewinds to the last commit) does not hand out
+	// a record twice.
+	from int64
+	// committed is the last offset a transaction committed (transactional
+	// clients only); -1 before the first.
+	committed int64
 
 	mu  sync.Mutex
 	out map[*delivery]struct{} // handed out, neither acked nor released
+}
+
+func (p *partition) isLost() bool {
+	select {
+	case <-p.lost:
+		return true
+	default:
+		return false
+	}
 }
 
 // outstanding is how many of the partition's deliveries are neither acked
@@ -130,33 +153,56 @@ func New(o Options) (*Client, error) {
 		c.retry[rt] = true
 		topics = append(topics, rt)
 	}
-	opts := append([]kgo.Opt{
+	opts := []kgo.Opt{
 		kgo.SeedBrokers(o.Brokers...),
 		kgo.ConsumerGroup(o.Group),
 		kgo.ConsumeTopics(topics...),
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
-		kgo.AutoCommitMarks(),
-		// Commit often: a crashed member's successor redoes what was settled
-		// after the last commit.
-		kgo.AutoCommitInterval(250 * time.Millisecond),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchMaxWait(500 * time.Millisecond),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.OnPartitionsAssigned(c.assigned),
 		kgo.OnPartitionsRevoked(c.revoked),
 		kgo.OnPartitionsLost(c.revoked),
-	}, o.Extra...)
+	}
+	if o.TransactionalID == "" {
+		opts = append(opts,
+			kgo.AutoCommitMarks(),
+			// Commit often: a crashed member's successor redoes what was
+			// settled after the last commit.
+			kgo.AutoCommitInterval(commitInterval))
+	} else {
+		opts = append(opts,
+			kgo.TransactionalID(o.TransactionalID),
+			// A crashed member's open transaction holds back readers of
+			// its topics until it times out (or the member restarts with
+			// the same id); the sidecar's transactions are short.
+			kgo.TransactionTimeout(10*time.Second),
+			// Copies of aborted transactions are never seen.
+			kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	}
+	opts = append(opts, o.Extra...)
 	if o.SessionTimeout > 0 {
 		opts = append(opts, kgo.SessionTimeout(o.SessionTimeout))
 	}
 	if o.InstanceID != "" {
 		opts = append(opts, kgo.InstanceID(o.InstanceID))
 	}
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return nil, fmt.Errorf("kafka client: %w", err)
+	if o.TransactionalID == "" {
+		cl, err := kgo.NewClient(opts...)
+		if err != nil {
+			return nil, fmt.Errorf("kafka client: %w", err)
+		}
+		c.cl = cl
+		return c, nil
 	}
-	c.cl = cl
+	s, err := kgo.NewGroupTransactSession(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka transactional client: %w", err)
+	}
+	c.cl = s.Client()
+	c.txn = newCommitter(c, s)
+	go c.txn.run()
 	return c, nil
 }
 
@@ -166,7 +212,7 @@ func (c *Client) assigned(_ context.Context, _ *kgo.Client, assigned map[string]
 	for topic, ps := range assigned {
 		for _, p := range ps {
 			tp := topicPartition{topic, p}
-			c.parts[tp] = &partition{tp: tp, lost: make(chan struct{}), out: map[*delivery]struct{}{}}
+			c.parts[tp] = &partition{tp: tp, lost: make(chan struct{}), out: map[*delivery]struct{}{}, committed: -1}
 		}
 	}
 }
@@ -174,6 +220,11 @@ func (c *Client) assigned(_ context.Context, _ *kgo.Client, assigned map[string]
 // revoked stops handing out the partitions' records, lets those in flight
 // finish for up to RevokeTimeout, abandons the rest (their Lost closes: the
 // next owner consumes them again), and commits the watermark.
+//
+// A transactional client abandons them at once and commits nothing: the
+// transaction session calls this holding the lock that ending a transaction
+// needs, so no copy can commit until it returns, and the open transaction is
+// aborted anyway. The next owner starts from the last committed transaction.
 func (c *Client) revoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
 	var ps []*partition
 	c.mu.Lock()
@@ -187,6 +238,9 @@ func (c *Client) revoked(ctx context.Context, cl *kgo.Client, revoked map[string
 	}
 	c.mu.Unlock()
 	deadline := time.Now().Add(c.o.RevokeTimeout)
+	if c.txn != nil {
+		deadline = time.Now()
+	}
 	for _, p := range ps {
 		for p.outstanding() > 0 && time.Now().Before(deadline) {
 			time.Sleep(10 * time.Millisecond)
@@ -210,6 +264,9 @@ func (c *Client) revoked(ctx context.Context, cl *kgo.Client, revoked map[string
 		for _, d := range abandoned {
 			p.finish(d, c.sem)
 		}
+	}
+	if c.txn != nil {
+		return
 	}
 	if err := cl.CommitMarkedOffsets(ctx); err != nil {
 		c.log.Warn("commit on revoke failed; the next owner may handle some records again", "err", err)
@@ -254,6 +311,9 @@ func (c *Client) Consume(ctx context.Context, deliver func(broker.Delivery)) err
 				return
 			}
 			for _, r := range ftp.Records {
+				if r.Offset < st.from {
+					continue // handed out already, fetched again after a rewind
+				}
 				if c.retry[r.Topic] {
 					if due, ok := nextDue(r); ok && c.now().Before(due) {
 						c.pauseUntil(st, r, due)
@@ -266,11 +326,22 @@ func (c *Client) Consume(ctx context.Context, deliver func(broker.Delivery)) err
 					stop = true
 					return
 				}
-				st.wm.track(r.Offset, r.LeaderEpoch)
 				d := c.newDelivery(st, r)
+				// Revoked while this waited for a slot: its records are the
+				// next owner's. Checked under st.mu, which the revoke's
+				// sweep of st.out takes after closing lost, so every
+				// delivery handed out is either swept or never handed out,
+				// and no slot leaks.
 				st.mu.Lock()
+				if st.isLost() {
+					st.mu.Unlock()
+					<-c.sem
+					return
+				}
 				st.out[d] = struct{}{}
 				st.mu.Unlock()
+				st.wm.track(r.Offset, r.LeaderEpoch)
+				st.from = r.Offset + 1
 				deliver(d)
 			}
 		})
@@ -333,6 +404,11 @@ func (c *Client) Close() error {
 	c.once.Do(func() {
 		close(c.closed)
 		c.timers.Wait()
+		if c.txn != nil {
+			c.txn.close()
+			c.cl.Close()
+			return
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		err = c.cl.CommitMarkedOffsets(ctx)

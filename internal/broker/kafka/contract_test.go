@@ -16,27 +16,39 @@ import (
 // The broker contract, on kfake and on the local Apache Kafka.
 func TestContract(t *testing.T) {
 	caps := brokertest.Capabilities{ReleaseRedeliversAtOnce: false}
-	t.Run("kfake", func(t *testing.T) {
-		brokertest.Run(t, func(t *testing.T) brokertest.Fixture {
-			return kafkaFixture(t, cluster(t, "contract"), "contract")
-		}, caps)
-	})
-	t.Run("apache", func(t *testing.T) {
-		brokertest.Run(t, func(t *testing.T) brokertest.Fixture {
-			brokers, topic := brokertest.KafkaTopic(t, "contract", 1)
-			return kafkaFixture(t, brokers, topic)
-		}, caps)
-	})
+	for _, txn := range []string{"", "contract-txn"} {
+		name := ""
+		if txn != "" {
+			name = "/transactional"
+		}
+		t.Run("kfake"+name, func(t *testing.T) {
+			brokertest.Run(t, func(t *testing.T) brokertest.Fixture {
+				return kafkaFixture(t, cluster(t, "contract"), "contract", txn)
+			}, caps)
+		})
+		t.Run("apache"+name, func(t *testing.T) {
+			brokertest.Run(t, func(t *testing.T) brokertest.Fixture {
+				brokers, topic := brokertest.KafkaTopic(t, "contract", 1)
+				id := txn
+				if id != "" {
+					id += "-" + topic // unique on the shared broker
+				}
+				return kafkaFixture(t, brokers, topic, id)
+			}, caps)
+		})
+	}
 }
 
 const contractTier = 500 * time.Millisecond
 
-func kafkaFixture(t *testing.T, brokers []string, topic string) brokertest.Fixture {
+// kafkaFixture opens clients of topic; with txn they are transactional.
+func kafkaFixture(t *testing.T, brokers []string, topic, txn string) brokertest.Fixture {
 	return brokertest.Fixture{
 		Tier: contractTier,
 		Open: func(t *testing.T) (brokertest.Consumer, brokertest.Transferer, func()) {
 			c, err := New(Options{Name: "contract", Brokers: brokers, Topic: topic, Group: brokertest.KafkaGroup(topic),
-				Tiers: []time.Duration{contractTier}, Declare: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+				Tiers: []time.Duration{contractTier}, Declare: true, TransactionalID: txn,
+				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -54,7 +66,8 @@ func kafkaFixture(t *testing.T, brokers []string, topic string) brokertest.Fixtu
 		},
 		DeadLetters: func(t *testing.T) []broker.Message {
 			cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(DeadLetterTopic(topic, brokertest.KafkaGroup(topic))),
-				kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200*time.Millisecond))
+				kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200*time.Millisecond),
+				kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 			if err != nil {
 				t.Fatal(err)
 			}

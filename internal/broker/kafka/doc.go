@@ -17,4 +17,13 @@
 // past an earlier record still in flight or handed back. A record handed back
 // at shutdown therefore holds its partition's commit where it is, and it and
 // every record after it are consumed again by whoever owns the partition next.
+//
+// With a transactional id (Options.TransactionalID) every commit is a
+// transaction of a franz-go GroupTransactSession, run by one committer
+// goroutine: copies commit together with the offsets their records settle.
+// The session rewinds consumption to the last commit after an aborted
+// transaction; records already handed out are not handed out again. A revoke
+// abandons the partition's records in flight at once, without waiting or
+// committing: the session holds the lock that ending a transaction needs
+// while the revoke runs.
 package kafka

@@ -32,9 +32,12 @@ func (c *Client) FindCopy(ctx context.Context, dest broker.Destination, trail br
 	if err != nil {
 		return false, fmt.Errorf("list offsets of %s: %w", topic, err)
 	}
-	ends, err := adm.ListEndOffsets(ctx, topic)
+	// Read committed, up to the last stable offset: a copy of an aborted
+	// transaction does not count. Control records are kept so the reading
+	// reaches that offset even when the last record before it is one.
+	ends, err := adm.ListCommittedOffsets(ctx, topic)
 	if err != nil {
-		return false, fmt.Errorf("list end offsets of %s: %w", topic, err)
+		return false, fmt.Errorf("list stable offsets of %s: %w", topic, err)
 	}
 	from := map[int32]kgo.Offset{}
 	left := map[int32]int64{} // partition → end offset still to reach
@@ -52,6 +55,8 @@ func (c *Client) FindCopy(ctx context.Context, dest broker.Destination, trail br
 		kgo.SeedBrokers(c.o.Brokers...),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: from}),
 		kgo.FetchMaxWait(200 * time.Millisecond),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.KeepControlRecords(),
 	}, c.o.Extra...)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {

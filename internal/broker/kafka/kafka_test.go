@@ -47,6 +47,26 @@ func TestWatermarkOnlyMovesOverSettledRecords(t *testing.T) {
 	}
 }
 
+func TestWatermarkPeekCountsRecordsAsSettledWithoutSettlingThem(t *testing.T) {
+	var w watermark
+	if _, _, ok := w.peek(nil); ok {
+		t.Fatal("peek before any record is tracked reports an offset")
+	}
+	for o := int64(10); o < 14; o++ {
+		w.track(o, 3)
+	}
+	w.settle(11)
+	if next, epoch, ok := w.peek(map[int64]bool{10: true}); next != 12 || epoch != 3 || !ok {
+		t.Errorf("peek with 10 settled = %d, %d, %v; want 12, 3, true", next, epoch, ok)
+	}
+	if next, _, _ := w.peek(map[int64]bool{12: true}); next != 10 {
+		t.Errorf("peek with 12 settled = %d, want 10: record 10 is still open", next)
+	}
+	if next, _, _ := w.peek(nil); next != 10 {
+		t.Errorf("peek changed the watermark: %d, want 10", next)
+	}
+}
+
 func cluster(t *testing.T, topics ...string) []string {
 	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topics...))
@@ -59,10 +79,14 @@ func cluster(t *testing.T, topics ...string) []string {
 
 func newClient(t *testing.T, addrs []string, topic string, tiers ...time.Duration) *Client {
 	t.Helper()
-	c, err := New(Options{
-		Name: "test", Brokers: addrs, Topic: topic, Group: "g", Tiers: tiers, Declare: true,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	return newClientWith(t, Options{Brokers: addrs, Topic: topic, Tiers: tiers})
+}
+
+func newClientWith(t *testing.T, o Options) *Client {
+	t.Helper()
+	o.Name, o.Group, o.Declare = "test", "g", true
+	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	c, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,6 +193,52 @@ func TestCommitsOnlyTheContiguousWatermark(t *testing.T) {
 	}
 	if got := committed(t, addrs, "orders"); got != 10 {
 		t.Fatalf("committed offset %d after settling all, want 10 (the log end)", got)
+	}
+}
+
+// A transactional transfer commits its record's offset with the copy; the
+// watermark still never passes a record that is not settled.
+func TestTransactionalTransferCommitsWithTheCopy(t *testing.T) {
+	addrs := cluster(t, "orders", DeadLetterTopic("orders", "g"))
+	var recs []*kgo.Record
+	for i := range 6 {
+		recs = append(recs, &kgo.Record{Topic: "orders", Value: []byte(fmt.Sprint(i))})
+	}
+	produce(t, addrs, recs...)
+	c := newClientWith(t, Options{Brokers: addrs, Topic: "orders", TransactionalID: "test-txn"})
+	ds := consume(t, c, 6, 10*time.Second)
+	for _, d := range ds[:2] {
+		_ = d.Ack()
+	}
+	trail := broker.Headers{broker.HeaderEventID: "e-2", broker.HeaderHops: "1"}
+	if err := c.Transfer(context.Background(), broker.Destination{DeadLetter: true}, ds[2].Message(), trail); err != nil {
+		t.Fatal(err)
+	}
+	// Committed before the ack: the copy's transaction carried the offset.
+	if got := committed(t, addrs, "orders"); got != 3 {
+		t.Errorf("committed offset %d after the transfer, want 3", got)
+	}
+	_ = ds[2].Ack()
+	_ = ds[3].Release() // holds the commit
+	_ = ds[4].Ack()
+	_ = ds[5].Ack()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := committed(t, addrs, "orders"); got != 3 {
+		t.Errorf("committed offset %d, want 3: record 3 was never settled", got)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ConsumeTopics(DeadLetterTopic("orders", "g")),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	got := cl.PollFetches(ctx).Records()
+	if len(got) != 1 || string(got[0].Value) != "2" || !got[0].Attrs.IsTransactional() {
+		t.Fatalf("DLQ = %d records (want 1, the copy of record 2, written in a transaction)", len(got))
 	}
 }
 

@@ -13,7 +13,8 @@ import (
 // Transfer produces a copy of msg to the retry topic of dest's tier or to the
 // dead-letter topic, with the original key, value and headers (minus every
 // handoff-* header) plus trail, and returns once the brokers have it with
-// acks=all.
+// acks=all. A transactional client returns once the copy has committed
+// together with the offset of msg's record.
 func (c *Client) Transfer(ctx context.Context, dest broker.Destination, msg *broker.Message, trail broker.Headers) error {
 	topic := DeadLetterTopic(c.o.Topic, c.o.Group)
 	if !dest.DeadLetter {
@@ -23,6 +24,13 @@ func (c *Client) Transfer(ctx context.Context, dest broker.Destination, msg *bro
 		}
 	}
 	rec := &kgo.Record{Topic: topic, Key: msg.Key, Value: msg.Body, Headers: copyHeaders(msg, trail)}
+	if c.txn != nil {
+		src, ok := msg.Native.(*kgo.Record)
+		if !ok {
+			return fmt.Errorf("a transactional transfer needs the record it settles")
+		}
+		return c.txn.transfer(ctx, rec, src)
+	}
 	if err := c.cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
 		return fmt.Errorf("produce to %s: %w", topic, err)
 	}

@@ -10,6 +10,7 @@ type watermark struct {
 	pending []mark // in offset order
 	next    int64  // the committable offset: all before it are settled
 	epoch   int32
+	seen    bool // a record was tracked: next means something
 }
 
 type mark struct {
@@ -26,6 +27,23 @@ func (w *watermark) track(offset int64, epoch int32) {
 	}
 	w.pending = append(w.pending, mark{offset: offset})
 	w.epoch = epoch
+	w.seen = true
+}
+
+// peek returns the committable offset as it would stand with the offsets in
+// also settled, without settling them; ok is false before any record was
+// tracked.
+func (w *watermark) peek(also map[int64]bool) (next int64, epoch int32, ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	next = w.next
+	for _, m := range w.pending {
+		if !m.settled && !also[m.offset] {
+			break
+		}
+		next = m.offset + 1
+	}
+	return next, w.epoch, w.seen
 }
 
 // settle marks offset done and returns the new committable offset and
