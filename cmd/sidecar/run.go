@@ -155,15 +155,17 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 	}
 
 	engine := dispatch.New(dispatch.Options{
-		Routes:         routes,
-		Handler:        app,
-		Policy:         policy,
-		Journal:        jr,
-		Timeout:        cfg.Handler.Timeout.D(),
-		MaxConcurrency: cfg.Handler.MaxConcurrency,
-		DrainTimeout:   cfg.Shutdown.DrainTimeout.D(),
-		Logger:         log,
-		Fault:          hk.fault,
+		Routes:                routes,
+		Handler:               app,
+		Policy:                policy,
+		Journal:               jr,
+		Timeout:               cfg.Handler.Timeout.D(),
+		MaxConcurrency:        cfg.Handler.MaxConcurrency,
+		DrainTimeout:          cfg.Shutdown.DrainTimeout.D(),
+		Logger:                log,
+		Fault:                 hk.fault,
+		Budget:                budget.NewRetryBudget(cfg.Budget.Ratio, cfg.Budget.MinPerSecond, cfg.Budget.Window.D(), nil),
+		TrustProducerDeadline: cfg.Retry.TrustProducerDeadline,
 	})
 	checks = append(checks, telemetry.Check{Name: "app", Ready: engine.Ready})
 

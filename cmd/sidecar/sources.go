@@ -21,6 +21,8 @@ import (
 var (
 	_ dispatch.CopyFinder = (*kafka.Client)(nil)
 	_ dispatch.CopyFinder = (*rabbitmq.Client)(nil)
+
+	_ dispatch.RetryHolder = (*kafka.Client)(nil)
 )
 
 func rabbitSource(sc config.Source, tiers []time.Duration, log *slog.Logger) source {
@@ -85,6 +87,9 @@ func kafkaSource(sc config.Source, tiers []time.Duration, journalPath string, lo
 			// Ordered modes retry where the record is: a copy in a retry
 			// topic would let the records behind it overtake it.
 			InPlace: k.Ordering != "none",
+			// One poll loop brings records and retries: the client pauses
+			// its retry topics while the budget is spent.
+			RetriesShareIntake: true,
 		},
 		ready: func() error {
 			if !declared.Load() {

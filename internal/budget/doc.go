@@ -1,9 +1,13 @@
 // Package budget decides what happens to a message after each answer from the
-// app: ack, delayed retry (which tier, due when), dead-letter (why), or hold.
+// app: ack, delayed retry (which tier, due when), dead-letter (why), or hold;
+// and how much load failures may add: the shared retry budget (RetryBudget),
+// the adaptive concurrency limit (Limiter) and when fresh intake pauses
+// (Intake).
 //
-// Everything here is a pure function of its inputs and a clock reading; the
-// randomness of full-jitter backoff is injected, so tests are deterministic and
-// never sleep. The package imports nothing else of the sidecar's.
+// Decisions are pure functions of their inputs and a clock reading; the
+// randomness of full-jitter backoff is injected, and the budget reads time
+// only through its clock, so tests are deterministic and never sleep. The
+// package imports nothing else of the sidecar's.
 //
 // # Caveats
 //

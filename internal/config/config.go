@@ -7,6 +7,7 @@ type Config struct {
 	Handler   Handler   `yaml:"handler"`
 	Sources   []Source  `yaml:"sources"`
 	Retry     Retry     `yaml:"retry"`
+	Budget    Budget    `yaml:"budget"`
 	Outcomes  Outcomes  `yaml:"outcomes"`
 	Journal   Journal   `yaml:"journal"`
 	Admin     Admin     `yaml:"admin"`
@@ -80,6 +81,19 @@ type Retry struct {
 	// MinAttempt is the least time left before the deadline that still
 	// makes an attempt worth starting.
 	MinAttempt Duration `yaml:"min_attempt"`
+	// TrustProducerDeadline lets a message's handoff-deadline header shorten
+	// (never extend) its deadline; otherwise producers' handoff-* headers
+	// are ignored.
+	TrustProducerDeadline bool `yaml:"trust_producer_deadline"`
+}
+
+// Budget is the retry budget shared by every source of the handler: each
+// first attempt deposits Ratio tokens, each re-attempt takes one, plus a
+// reserve of MinPerSecond tokens a second, over a sliding Window.
+type Budget struct {
+	Ratio        float64  `yaml:"ratio"`
+	MinPerSecond float64  `yaml:"min_per_second"`
+	Window       Duration `yaml:"window"`
 }
 
 // Outcomes overrides the default classification of answers.
@@ -130,6 +144,7 @@ func Default() Config {
 			DeferMaxAge: Duration(24 * time.Hour),
 			MinAttempt:  Duration(100 * time.Millisecond),
 		},
+		Budget:    Budget{Ratio: 0.2, MinPerSecond: 10, Window: Duration(10 * time.Second)},
 		Journal:   Journal{Path: "./handoff.db", Sync: "batch", Retention: Duration(24 * time.Hour)},
 		Admin:     Admin{Listen: "127.0.0.1:9400"},
 		Telemetry: Telemetry{MetricsListen: "127.0.0.1:9464"},

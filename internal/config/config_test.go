@@ -69,6 +69,9 @@ retry: {tiers: [2s]}
 	if got := cfg.Sources[0].RabbitMQ.Prefetch; got != 8 {
 		t.Errorf("prefetch default = %d, want handler.max_concurrency (8)", got)
 	}
+	if b := cfg.Budget; b.Ratio != 0.2 || b.MinPerSecond != 10 || b.Window.D() != 10*time.Second || cfg.Retry.TrustProducerDeadline {
+		t.Errorf("budget defaults = %+v, trust_producer_deadline = %v; want 0.2, 10/s, 10s, false", b, cfg.Retry.TrustProducerDeadline)
+	}
 	if len(cfg.Retry.Tiers) != 1 || cfg.Retry.Tiers[0].D() != 2*time.Second {
 		t.Errorf("tiers given in the file must replace the default list, got %v", cfg.Retry.Tiers)
 	}
@@ -127,6 +130,9 @@ func TestParseProblems(t *testing.T) {
 		{"missing queue", replace(t, "      queue: orders\n", ""), []string{"sources[0].rabbitmq.queue: required"}},
 		{"bad admin listen", replace(t, "listen: 127.0.0.1:9400", "listen: nowhere"), []string{"admin.listen: want host:port"}},
 		{"list where mapping", replace(t, "journal:   {path: ./handoff.db}", "journal: [a]"), []string{"journal: want a mapping"}},
+		{"budget out of range", replace(t, "outcomes:\n", "budget: {ratio: 1.5, min_per_second: -1, window: 0s}\noutcomes:\n"), []string{
+			"budget.ratio: must be between 0 and 1", "budget.min_per_second: must not be negative", "budget.window: must be at least 1s"}},
+		{"budget not a number", replace(t, "outcomes:\n", "budget: {ratio: lots}\noutcomes:\n"), []string{"budget.ratio: cannot use \"lots\" as a number"}},
 		{"kafka fields", replace(t, `    rabbitmq:
       url: amqp://guest:guest@127.0.0.1:5672/
       queue: orders

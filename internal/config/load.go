@@ -170,6 +170,8 @@ func kindName(t reflect.Type) string {
 	switch t.Kind() {
 	case reflect.Int, reflect.Int64, reflect.Int32:
 		return "an integer"
+	case reflect.Float64:
+		return "a number"
 	case reflect.Bool:
 		return "true or false"
 	case reflect.String:

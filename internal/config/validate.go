@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"strconv"
@@ -44,6 +45,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	c.Retry.validate(&ps)
+	c.Budget.validate(&ps)
 	for key, val := range c.Outcomes.HTTP {
 		path := "outcomes.http." + key
 		if !validStatusKey(key) {
@@ -174,6 +176,18 @@ func (r *Retry) validate(ps *Problems) {
 		ps.add("retry.min_attempt", "must be positive")
 	} else if r.Deadline > 0 && r.MinAttempt >= r.Deadline {
 		ps.add("retry.min_attempt", "must be shorter than retry.deadline (%s)", r.Deadline.D())
+	}
+}
+
+func (b *Budget) validate(ps *Problems) {
+	if math.IsNaN(b.Ratio) || b.Ratio < 0 || b.Ratio > 1 {
+		ps.add("budget.ratio", "must be between 0 and 1 (the share of fresh traffic retries may add), got %v", b.Ratio)
+	}
+	if math.IsNaN(b.MinPerSecond) || math.IsInf(b.MinPerSecond, 0) || b.MinPerSecond < 0 {
+		ps.add("budget.min_per_second", "must not be negative, got %v", b.MinPerSecond)
+	}
+	if b.Window < Duration(time.Second) {
+		ps.add("budget.window", "must be at least 1s")
 	}
 }
 

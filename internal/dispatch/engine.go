@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"handoff.dev/handoff/internal/broker"
@@ -32,6 +33,12 @@ type Options struct {
 	Logger       *slog.Logger
 	// Journal records every hand-off; required.
 	Journal Journal
+	// Budget is the retry budget shared by every route; nil means
+	// re-attempts are not limited.
+	Budget *budget.RetryBudget
+	// TrustProducerDeadline lets a message's handoff-deadline header shorten
+	// (never extend) its deadline on its first entry.
+	TrustProducerDeadline bool
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Fault, when set, is called at each crash window of a hand-off (see the
@@ -46,11 +53,16 @@ type Engine struct {
 	o       Options
 	log     *slog.Logger
 	now     func() time.Time
-	slots   chan struct{}
-	gate    *gate
-	keys    *keyLocks
-	order   *sequencer
-	workers sync.WaitGroup
+	limiter *budget.Limiter // adaptive bound on calls in flight
+	intakes *budget.Intake  // when fresh intake pauses
+	fresh   *freshGate
+	// overloadUntil (unix nanoseconds) holds every call after an Overload
+	// answer with Retry-After.
+	overloadUntil atomic.Int64
+	gate          *gate
+	keys          *keyLocks
+	order         *sequencer
+	workers       sync.WaitGroup
 
 	fatalMu    sync.Mutex
 	fatal      error
@@ -66,13 +78,15 @@ func New(o Options) *Engine {
 		o.Now = time.Now
 	}
 	return &Engine{
-		o:     o,
-		log:   o.Logger,
-		now:   o.Now,
-		slots: make(chan struct{}, max(o.MaxConcurrency, 1)),
-		gate:  newGate(o.Handler.Probe, o.Logger),
-		keys:  newKeyLocks(),
-		order: newSequencer(),
+		o:       o,
+		log:     o.Logger,
+		now:     o.Now,
+		limiter: budget.NewLimiter(o.MaxConcurrency),
+		intakes: budget.NewIntake(max(o.MaxConcurrency, freshFailThreshold)),
+		fresh:   newFreshGate(o.Logger),
+		gate:    newGate(o.Handler.Probe, o.Logger),
+		keys:    newKeyLocks(),
+		order:   newSequencer(),
 	}
 }
 
@@ -99,6 +113,10 @@ func (e *Engine) Run(ctx context.Context) error {
 	e.fatalMu.Lock()
 	e.stopIntake = stopIntake
 	e.fatalMu.Unlock()
+
+	watched := make(chan struct{})
+	go func() { defer close(watched); e.watch(work) }()
+	defer func() { cancelWork(); <-watched }()
 
 	var wg sync.WaitGroup
 	n := 0
@@ -141,6 +159,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 	cancelWork()
 	e.gate.close()
+	e.fresh.close()
 	if err := e.fatalErr(); err != nil {
 		return err
 	}
@@ -184,6 +203,14 @@ func (e *Engine) admit(intake, work context.Context, r *Route, d broker.Delivery
 		return
 	}
 	msg := d.Message()
+	if msg.Copy && e.o.Budget != nil && !r.RetriesShareIntake {
+		// A copy waits for a token before it is taken, so the retry
+		// consumer stops taking deliveries while the budget is spent.
+		if !e.o.Budget.Available(intake.Done()) {
+			e.handBack(d)
+			return
+		}
+	}
 	var wait <-chan struct{}
 	leave := func() {}
 	if msg.OrderKey != "" {

@@ -198,7 +198,7 @@ func (h *handoff) resume(ctx context.Context, st *journal.State) bool {
 		t.Attempt = st.HopAttempt
 		if t.FirstAttemptAt.IsZero() {
 			t.FirstAttemptAt = st.FirstAttemptAt
-			t.Deadline = h.e.o.Policy.DeadlineFor(st.FirstAttemptAt, time.Time{})
+			t.Deadline = h.deadlineFor(st.FirstAttemptAt)
 		}
 		res := handler.Result{Outcome: budget.Unknown, Detail: "the sidecar stopped during this attempt; its outcome is unknown"}
 		if st.HopOutcome != 0 {
@@ -230,26 +230,42 @@ func (h *handoff) copyArrived(ctx context.Context, dest broker.Destination, c *j
 }
 
 // attempt calls the app until it answers (holding while it is unreachable)
-// and carries out the decision; in-place retries loop here.
+// and carries out the decision; in-place retries loop here. A first attempt
+// deposits into the retry budget; every later one waits for a token first.
 func (h *handoff) attempt(ctx context.Context) {
 	e, p, t := h.e, h.e.o.Policy, &h.trail
 	recorded := 0 // the attempt number whose ATTEMPT record is written
+	budgeted := 0 // the attempt number the budget has seen
 	for {
 		now := e.now()
 		if t.FirstAttemptAt.IsZero() {
 			t.FirstAttemptAt = now
-			t.Deadline = p.DeadlineFor(now, time.Time{})
+			t.Deadline = h.deadlineFor(now)
 		}
 		if !p.CanAttempt(now, t.Deadline) {
 			h.deadLetter(ctx, budget.ReasonDeadline)
 			return
+		}
+		next := t.Attempt + 1
+		if budgeted != next && e.o.Budget != nil {
+			if next == 1 {
+				e.o.Budget.Deposit()
+			} else if !h.token(ctx) {
+				return
+			}
+			budgeted = next
+			now = e.now()
+			if !p.CanAttempt(now, t.Deadline) {
+				h.deadLetter(ctx, budget.ReasonDeadline)
+				return
+			}
 		}
 		req := handler.Request{
 			Message:     h.msg,
 			EventID:     t.EventID,
 			Source:      h.r.CESource,
 			Type:        defaultCEType,
-			Attempt:     t.Attempt + 1,
+			Attempt:     next,
 			Deadline:    t.Deadline,
 			Redelivered: h.msg.Redelivered || t.ErrorClass == budget.Unknown.String(),
 			ReplayID:    t.ReplayID,
@@ -259,16 +275,17 @@ func (h *handoff) attempt(ctx context.Context) {
 			h.appendAsync(journal.Record{Kind: journal.Attempt, At: now, Hop: t.Hops, Attempt: req.Attempt})
 			recorded = req.Attempt
 		}
-		if !h.acquire(ctx) {
+		if !h.acquire(ctx, next == 1) {
 			return
 		}
 		res := e.o.Handler.Deliver(ctx, &req)
-		<-e.slots
 		if ctx.Err() != nil {
 			// Shutdown cut the call short: its result says nothing about the app.
+			e.limiter.Release(0)
 			h.handBack()
 			return
 		}
+		e.limiter.Release(res.Outcome)
 		if res.Outcome == budget.Unreachable {
 			// Written so that a restart knows this attempt never reached the
 			// app and does not count it.
@@ -290,11 +307,69 @@ func (h *handoff) attempt(ctx context.Context) {
 			}
 			continue
 		}
+		e.observe(res.Outcome, req.Attempt == 1, res.RetryAfter)
 		due, again := h.decide(ctx, req.Attempt, res, true)
 		if !again || !h.wait(ctx, due) {
 			return
 		}
 	}
+}
+
+// deadlineFor is the deadline of a message first attempted at first: the
+// configured lifetime, or the producer's earlier handoff-deadline when it is
+// trusted and this is the message's first entry.
+func (h *handoff) deadlineFor(first time.Time) time.Time {
+	var earlier time.Time
+	if h.e.o.TrustProducerDeadline && !h.retry {
+		if v := h.msg.Headers[broker.HeaderDeadline]; v != "" {
+			d, err := time.Parse(time.RFC3339Nano, v)
+			if err != nil {
+				h.logger().Warn("producer deadline unreadable; using the configured one", "value", v)
+			} else {
+				earlier = d
+			}
+		}
+	}
+	return h.e.o.Policy.DeadlineFor(first, earlier)
+}
+
+// token waits for a retry-budget token for a re-attempt. It reports false
+// when the walk ends first: dead-lettered because the deadline came (a
+// re-attempt is never dropped for lack of a token, only for its own
+// deadline), handed back at shutdown, or lost.
+func (h *handoff) token(ctx context.Context) bool {
+	b := h.e.o.Budget
+	if b.TryWithdraw() {
+		return true
+	}
+	dl := time.NewTimer(max(h.trail.Deadline.Add(-h.e.o.Policy.MinAttempt).Sub(h.e.now()), 0))
+	defer dl.Stop()
+	stop, done := make(chan struct{}), make(chan struct{})
+	defer close(done)
+	expired := make(chan struct{})
+	go func() {
+		defer close(stop)
+		select {
+		case <-ctx.Done():
+		case <-h.intake.Done():
+		case <-h.d.Lost():
+		case <-dl.C:
+			close(expired)
+		case <-done:
+		}
+	}()
+	if b.Withdraw(stop) {
+		return true
+	}
+	<-stop
+	select {
+	case <-expired:
+		h.deadLetter(ctx, budget.ReasonDeadline)
+	case <-h.d.Lost():
+	default:
+		h.handBack()
+	}
+	return false
 }
 
 // attemptAfter waits until due, then attempts.
@@ -322,24 +397,55 @@ func (h *handoff) wait(ctx context.Context, due time.Time) bool {
 	return false
 }
 
-// acquire takes a slot for a call to the app. It gives up, handing the
-// delivery back, when intake stops or ctx is done, and leaves a lost
-// delivery alone.
-func (h *handoff) acquire(ctx context.Context) bool {
-	if h.intake.Err() != nil {
-		h.handBack()
-		return false
+// acquire takes a slot for a call to the app, under the adaptive limit and
+// after any pause an Overload answer's Retry-After asked for. A first attempt
+// also waits while fresh intake is paused (the budget is spent and first
+// attempts keep failing), unless a probe lets it through: the message stays
+// unsettled, holding its prefetch slot, so the broker keeps the backlog. It
+// gives up, handing the delivery back, when intake stops or ctx is done, and
+// leaves a lost delivery alone.
+func (h *handoff) acquire(ctx context.Context, first bool) bool {
+	e := h.e
+	for {
+		if h.intake.Err() != nil {
+			h.handBack()
+			return false
+		}
+		var wake, probe <-chan struct{}
+		var pause *time.Timer
+		fresh := e.fresh.openChan()
+		if first && !isClosed(fresh) {
+			// Paused: wait for intake to resume or for a probe turn.
+			wake, probe = fresh, e.fresh.probe
+			pause = time.NewTimer(time.Hour)
+		} else if d := time.Duration(e.overloadUntil.Load() - e.now().UnixNano()); d > 0 {
+			pause = time.NewTimer(d)
+		} else {
+			wake = e.limiter.Changed()
+			if e.limiter.TryAcquire() {
+				return true
+			}
+			pause = time.NewTimer(time.Hour)
+		}
+		select {
+		case <-wake:
+		case <-probe:
+			first = false // this one is the probe
+		case <-pause.C:
+		case <-h.intake.Done():
+			pause.Stop()
+			h.handBack()
+			return false
+		case <-ctx.Done():
+			pause.Stop()
+			h.handBack()
+			return false
+		case <-h.d.Lost():
+			pause.Stop()
+			return false
+		}
+		pause.Stop()
 	}
-	select {
-	case h.e.slots <- struct{}{}:
-		return true
-	case <-h.intake.Done():
-		h.handBack()
-	case <-ctx.Done():
-		h.handBack()
-	case <-h.d.Lost():
-	}
-	return false
 }
 
 // decide turns the answer to attempt into an action and carries it out.

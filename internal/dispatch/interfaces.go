@@ -34,6 +34,13 @@ type CopyFinder interface {
 	FindCopy(ctx context.Context, dest broker.Destination, trail broker.Headers, since time.Time) (bool, error)
 }
 
+// RetryHolder is a Source whose retries arrive on the same intake as fresh
+// messages (Kafka's one poll loop): it stops fetching retries while the retry
+// budget is spent, so that waiting retries do not crowd out fresh messages.
+type RetryHolder interface {
+	HoldRetries(hold bool)
+}
+
 // Deliverer calls the app. It is safe for concurrent use.
 type Deliverer interface {
 	// Deliver makes one attempt; every ending is a classified Result.
@@ -68,4 +75,9 @@ type Route struct {
 	// moving it to a delay tier: for ordered consumption, where a later
 	// message must not overtake it.
 	InPlace bool
+	// RetriesShareIntake: the route's retries come through the same
+	// Consume as its fresh messages, so admission never blocks on the
+	// retry budget (that would hold fresh messages too); a RetryHolder
+	// source stops fetching retries instead.
+	RetriesShareIntake bool
 }

@@ -382,6 +382,21 @@ func nextDue(r *kgo.Record) (time.Time, bool) {
 	return time.Time{}, false
 }
 
+// HoldRetries stops fetching the retry topics while hold is true: records
+// already fetched are still handed out. Partitions paused until their head
+// record is due stay paused either way.
+func (c *Client) HoldRetries(hold bool) {
+	topics := make([]string, 0, len(c.retry))
+	for t := range c.retry {
+		topics = append(topics, t)
+	}
+	if hold {
+		c.cl.PauseFetchTopics(topics...)
+	} else {
+		c.cl.ResumeFetchTopics(topics...)
+	}
+}
+
 // Ping reports whether a broker answers.
 func (c *Client) Ping(ctx context.Context) error { return c.cl.Ping(ctx) }
 

@@ -345,3 +345,48 @@ func TestFindCopyReadsTheDestinationBack(t *testing.T) {
 		})
 	}
 }
+
+// While the retry budget is spent the client stops fetching its retry topics;
+// the source topic goes on.
+func TestHoldRetriesStopsOnlyTheRetryTopics(t *testing.T) {
+	rt := RetryTopic("orders", "g", time.Second)
+	addrs := cluster(t, "orders", rt)
+	c := newClient(t, addrs, "orders", time.Second)
+	c.HoldRetries(true)
+	produce(t, addrs, &kgo.Record{Topic: rt, Value: []byte("retry")}, &kgo.Record{Topic: "orders", Value: []byte("fresh")})
+	ctx, cancel := context.WithCancel(context.Background())
+	var mu sync.Mutex
+	var got []string
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = c.Consume(ctx, func(d broker.Delivery) {
+			mu.Lock()
+			got = append(got, string(d.Message().Body))
+			mu.Unlock()
+			_ = d.Ack()
+		})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	seen := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), got...)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(seen()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(time.Second) // the retry record would have come by now
+	if s := seen(); len(s) != 1 || s[0] != "fresh" {
+		t.Fatalf("with retries held got %q, want only the fresh record", s)
+	}
+	c.HoldRetries(false)
+	deadline = time.Now().Add(10 * time.Second)
+	for len(seen()) < 2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if s := seen(); len(s) != 2 || s[1] != "retry" {
+		t.Fatalf("after releasing the hold got %q, want the retry record too", s)
+	}
+}

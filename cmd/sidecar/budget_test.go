@@ -1,0 +1,143 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"handoff.dev/handoff/internal/broker/rabbitmq"
+)
+
+// TestRetryBudgetThroughAnOutageRabbitMQ runs the real binary against the
+// real RabbitMQ with a backlog of messages and an app that answers 503 to
+// everything for the first few seconds. The retry budget keeps the
+// re-attempts during the outage within ratio × first attempts plus the
+// floor; fresh intake pauses instead of feeding more failures; when the app
+// comes back every message is handled and none is dead-lettered.
+func TestRetryBudgetThroughAnOutageRabbitMQ(t *testing.T) {
+	t.Parallel()
+	const (
+		n           = 400
+		outage      = 4 * time.Second
+		ratio       = 0.2
+		floor       = 2.0 // tokens a second
+		window      = 2 * time.Second
+		concurrency = 8
+	)
+	bin := sidecarBinary(t)
+	conn := dialRabbit(t)
+	budgetTier := 300 * time.Millisecond
+	q := testQueue(t, conn, []time.Duration{budgetTier})
+	var (
+		mu    sync.Mutex
+		first time.Time
+	)
+	a := newApp(t, func(w http.ResponseWriter, _ call, _ []call) {
+		time.Sleep(5 * time.Millisecond)
+		mu.Lock()
+		if first.IsZero() {
+			first = time.Now()
+		}
+		down := time.Since(first) < outage
+		mu.Unlock()
+		if down {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	var msgs []publishing
+	for i := range n {
+		id := fmt.Sprintf("b-%d", i)
+		msgs = append(msgs, publishing{MessageId: id, Body: []byte(id)})
+	}
+	publish(t, conn, q, msgs...)
+
+	cfgPath := writeFile(t, fmt.Sprintf(`handler: {url: %q, max_concurrency: %d}
+sources:
+  - name: budget
+    rabbitmq: {url: %q, queue: %q, prefetch: %d}
+retry: {max_attempts: 100, tiers: [%s], base: 50ms, cap: 200ms}
+budget: {ratio: %v, min_per_second: %v, window: %s}
+telemetry: {metrics_listen: ""}
+admin: {listen: "127.0.0.1:0"}
+journal: {path: %q}
+`, a.url(), concurrency, rabbitURL(), q, concurrency, budgetTier, ratio, floor, window, filepath.Join(t.TempDir(), "handoff.db")))
+	var logs bytes.Buffer
+	cmd := exec.Command(bin, "run", "--config", cfgPath)
+	cmd.Stderr = &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("sidecar log:\n%s", tail(logs.String(), 40))
+		}
+	})
+
+	handled := func() int {
+		ok := map[string]bool{}
+		mu.Lock()
+		end := first.Add(outage)
+		mu.Unlock()
+		for _, c := range a.allCalls() {
+			if c.At.After(end) {
+				ok[c.Header.Get("Ce-Id")] = true
+			}
+		}
+		return len(ok)
+	}
+	waitFor(t, 60*time.Second, "every message handled after the outage", func() bool { return handled() == n })
+	waitFor(t, 10*time.Second, "the queues empty", func() bool {
+		return depth(t, conn, q) == 0 && depth(t, conn, rabbitmq.RetryQueue(q)) == 0 && depth(t, conn, rabbitmq.TierQueue(q, budgetTier)) == 0
+	})
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("sidecar exited with %v", err)
+	}
+
+	mu.Lock()
+	end := first.Add(outage)
+	mu.Unlock()
+	var fresh, again, after int
+	for _, c := range a.allCalls() {
+		attempt, _ := strconv.Atoi(c.Header.Get("Handoff-Attempt"))
+		switch {
+		case c.At.After(end):
+			after++
+		case attempt == 1:
+			fresh++
+		default:
+			again++
+		}
+	}
+	limit := ratio*float64(fresh) + floor*(outage+window).Seconds() + concurrency
+	t.Logf("outage of %v: %d first attempts, %d re-attempts (budget allows %.0f); %d calls after it for %d messages",
+		outage, fresh, again, limit, after, n)
+	if float64(again) > limit {
+		t.Errorf("%d re-attempts during the outage, more than ratio × first attempts + floor × time + concurrency = %.0f", again, limit)
+	}
+	if fresh >= n {
+		t.Errorf("all %d messages had their first attempt during the outage: fresh intake never paused", fresh)
+	}
+	if got := depth(t, conn, rabbitmq.DeadLetterQueue(q)); got != 0 {
+		t.Errorf("%d messages dead-lettered, want none", got)
+	}
+	for _, want := range []string{"retry budget spent", "fresh intake paused", "fresh intake resumed", "concurrency limit changed"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("log does not say %q:\n%s", want, tail(logs.String(), 30))
+		}
+	}
+}

@@ -1,0 +1,175 @@
+package budget
+
+import (
+	"sync"
+	"time"
+)
+
+// RetryBudget is one handler's shared allowance of re-attempts, in the manner
+// of Finagle's RetryBudget and gRPC's retry throttling: every first attempt
+// deposits Ratio tokens, every re-attempt withdraws one, and a reserve of
+// Floor tokens a second is always there, all over a sliding window. So
+// within any window
+//
+//	re-attempts <= Ratio × first attempts + Floor × Window
+//
+// however many messages fail at once: retries add at most Ratio to the load
+// that fresh traffic brings (seed 001 §2).
+//
+// A re-attempt that finds no token waits for one; it is never dropped for
+// lack of one. RetryBudget is safe for concurrent use; it reads time only
+// through its clock, so tests drive it without sleeping.
+type RetryBudget struct {
+	ratio, floor float64
+	window       time.Duration
+	slot         time.Duration // one bucket's span
+	now          func() time.Time
+
+	mu      sync.Mutex
+	buckets []bucket // a ring, indexed by slot number modulo its length
+	denied  uint64
+	changed chan struct{} // closed and replaced when tokens are deposited
+}
+
+type bucket struct {
+	n           int64 // the slot number this bucket holds; -1 when empty
+	deposits    float64
+	withdrawals float64
+}
+
+// budgetSlots is how many buckets the window is cut into: the window slides
+// in steps of Window/budgetSlots.
+const budgetSlots = 20
+
+// NewRetryBudget returns a budget; now nil means time.Now.
+func NewRetryBudget(ratio, floor float64, window time.Duration, now func() time.Time) *RetryBudget {
+	if now == nil {
+		now = time.Now
+	}
+	window = max(window, budgetSlots*time.Millisecond)
+	b := &RetryBudget{ratio: ratio, floor: floor, window: window, slot: window / budgetSlots, now: now,
+		buckets: make([]bucket, budgetSlots), changed: make(chan struct{})}
+	for i := range b.buckets {
+		b.buckets[i].n = -1
+	}
+	return b
+}
+
+// current returns the bucket for now, emptying it if it held an older slot.
+func (b *RetryBudget) current() *bucket {
+	n := b.now().UnixNano() / int64(b.slot)
+	bk := &b.buckets[n%budgetSlots]
+	if bk.n != n {
+		*bk = bucket{n: n}
+	}
+	return bk
+}
+
+// balanceLocked is the tokens available now.
+func (b *RetryBudget) balanceLocked() float64 {
+	n := b.now().UnixNano() / int64(b.slot)
+	var dep, wd float64
+	for _, bk := range b.buckets {
+		if bk.n > n-budgetSlots && bk.n <= n {
+			dep += bk.deposits
+			wd += bk.withdrawals
+		}
+	}
+	return b.floor*b.window.Seconds() + b.ratio*dep - wd
+}
+
+// Deposit records a first attempt.
+func (b *RetryBudget) Deposit() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.current().deposits++
+	if b.ratio > 0 {
+		close(b.changed)
+		b.changed = make(chan struct{})
+	}
+}
+
+// TryWithdraw takes a token for a re-attempt, reporting false (and counting a
+// denial) when there is none.
+func (b *RetryBudget) TryWithdraw() bool {
+	ok, _ := b.take(true)
+	return ok
+}
+
+func (b *RetryBudget) take(countDenial bool) (bool, <-chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.balanceLocked() < 1 {
+		if countDenial {
+			b.denied++
+		}
+		return false, b.changed
+	}
+	b.current().withdrawals++
+	return true, nil
+}
+
+// Withdraw waits for a token: it returns true once it has one, false when
+// stop is closed first. A wait counts as one denial. Tokens come back when a
+// first attempt deposits or when old withdrawals leave the window, so the
+// wait also wakes every slot.
+func (b *RetryBudget) Withdraw(stop <-chan struct{}) bool {
+	for first := true; ; first = false {
+		ok, changed := b.take(first)
+		if ok {
+			return true
+		}
+		t := time.NewTimer(b.slot)
+		select {
+		case <-changed:
+		case <-t.C:
+		case <-stop:
+			t.Stop()
+			return false
+		}
+		t.Stop()
+	}
+}
+
+// Available waits until a token is there, without taking it: for intake
+// that should not take a re-attempt it could not start. It reports false when
+// stop is closed first.
+func (b *RetryBudget) Available(stop <-chan struct{}) bool {
+	for {
+		b.mu.Lock()
+		ok, changed := b.balanceLocked() >= 1, b.changed
+		b.mu.Unlock()
+		if ok {
+			return true
+		}
+		t := time.NewTimer(b.slot)
+		select {
+		case <-changed:
+		case <-t.C:
+		case <-stop:
+			t.Stop()
+			return false
+		}
+		t.Stop()
+	}
+}
+
+// BudgetState is a reading of a budget, for logs and metrics.
+type BudgetState struct {
+	Tokens float64 // available now
+	Denied uint64  // re-attempts that found no token, since the start
+}
+
+// State reads the budget.
+func (b *RetryBudget) State() BudgetState {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return BudgetState{Tokens: b.balanceLocked(), Denied: b.denied}
+}
+
+// Exhausted reports whether a re-attempt would find no token now.
+func (b *RetryBudget) Exhausted() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.balanceLocked() < 1
+}

@@ -1,0 +1,165 @@
+package budget
+
+import (
+	"testing"
+	"time"
+)
+
+// clock is a manual clock for tests that never sleep.
+type clock struct{ t time.Time }
+
+func (c *clock) now() time.Time          { return c.t }
+func (c *clock) advance(d time.Duration) { c.t = c.t.Add(d) }
+
+func newClock() *clock { return &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)} }
+
+func TestRetryBudgetRatioOfFirstAttempts(t *testing.T) {
+	c := newClock()
+	b := NewRetryBudget(0.2, 0, 10*time.Second, c.now)
+	if b.TryWithdraw() {
+		t.Fatal("a re-attempt got a token with no first attempt and no floor")
+	}
+	for range 100 {
+		b.Deposit()
+	}
+	got := 0
+	for b.TryWithdraw() {
+		got++
+	}
+	if got != 20 {
+		t.Errorf("100 first attempts at ratio 0.2 allowed %d re-attempts, want 20", got)
+	}
+	if st := b.State(); st.Denied != 2 {
+		t.Errorf("denials = %d, want 2 (one before the deposits, one after the last token)", st.Denied)
+	}
+}
+
+func TestRetryBudgetFloorAndWindow(t *testing.T) {
+	c := newClock()
+	b := NewRetryBudget(0.5, 1, 10*time.Second, c.now)
+	// The floor alone: 1 a second over a 10s window.
+	got := 0
+	for b.TryWithdraw() {
+		got++
+	}
+	if got != 10 {
+		t.Fatalf("floor of 1/s over 10s allowed %d, want 10", got)
+	}
+	// Withdrawals leave the window and give their tokens back; so do
+	// deposits, which then no longer count.
+	c.advance(5 * time.Second)
+	for range 10 {
+		b.Deposit()
+	}
+	if got := drain(b); got != 5 {
+		t.Errorf("10 deposits at 0.5 with the window full allowed %d, want 5", got)
+	}
+	c.advance(10*time.Second + time.Second) // everything above has left the window
+	if got := drain(b); got != 10 {
+		t.Errorf("after the window passed: %d tokens, want the floor's 10", got)
+	}
+}
+
+func drain(b *RetryBudget) int {
+	n := 0
+	for b.TryWithdraw() {
+		n++
+	}
+	return n
+}
+
+func TestRetryBudgetZeroAllowsNothing(t *testing.T) {
+	c := newClock()
+	b := NewRetryBudget(0, 0, 10*time.Second, c.now)
+	for range 1000 {
+		b.Deposit()
+	}
+	if b.TryWithdraw() || !b.Exhausted() {
+		t.Error("ratio 0 and floor 0 must allow no re-attempt")
+	}
+}
+
+func TestWithdrawWaitsForADeposit(t *testing.T) {
+	b := NewRetryBudget(1, 0, 10*time.Second, nil)
+	got := make(chan bool)
+	go func() { got <- b.Withdraw(make(chan struct{})) }()
+	select {
+	case <-got:
+		t.Fatal("Withdraw returned with no token")
+	case <-time.After(50 * time.Millisecond):
+	}
+	b.Deposit()
+	select {
+	case ok := <-got:
+		if !ok {
+			t.Fatal("Withdraw reported stopped")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Withdraw did not wake on a deposit")
+	}
+	stop := make(chan struct{})
+	go func() { got <- b.Withdraw(stop) }()
+	close(stop)
+	if <-got {
+		t.Error("Withdraw took a token that was not there")
+	}
+}
+
+func TestLimiterAIMD(t *testing.T) {
+	l := NewLimiter(64)
+	for range 64 {
+		if !l.TryAcquire() {
+			t.Fatal("could not take 64 slots under a limit of 64")
+		}
+	}
+	if l.TryAcquire() {
+		t.Fatal("took a 65th slot")
+	}
+	// Overload shrinks the limit by a tenth per answer, down to 1.
+	for range 64 {
+		l.Release(Overload)
+	}
+	if got := l.Limit(); got != 1 {
+		t.Fatalf("limit after 64 overloads = %d, want 1", got)
+	}
+	// Successes grow it back, about one per limit's worth.
+	calls := 0
+	for l.Limit() < 64 {
+		if !l.TryAcquire() {
+			t.Fatal("no slot free with nothing in flight")
+		}
+		l.Release(Success)
+		calls++
+	}
+	if calls < 64 || calls > 64*64 {
+		t.Errorf("recovering from 1 to 64 took %d successes", calls)
+	}
+	// Answers about the message, not the app, leave it alone.
+	l.TryAcquire()
+	l.Release(Permanent)
+	if got := l.Limit(); got != 64 {
+		t.Errorf("limit after a permanent answer = %d, want 64", got)
+	}
+}
+
+func TestIntakePausesOnlyWhenSpentAndFailing(t *testing.T) {
+	in := NewIntake(3)
+	for range 3 {
+		in.Observe(Retry, true)
+	}
+	if in.Check(false) {
+		t.Fatal("paused with tokens left")
+	}
+	in.Observe(Permanent, true) // about the message: no effect
+	in.Observe(Retry, false)    // a re-attempt: no effect
+	if !in.Check(true) || !in.Paused() {
+		t.Fatal("not paused with the budget spent after 3 failed first attempts")
+	}
+	if !in.Observe(Success, false) || in.Paused() {
+		t.Fatal("a success did not resume intake")
+	}
+	in.Observe(Overload, true)
+	if in.Check(true) {
+		t.Error("paused again after one failure: the streak starts over after a success")
+	}
+}

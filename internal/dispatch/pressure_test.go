@@ -1,0 +1,227 @@
+package dispatch
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/budget"
+	"handoff.dev/handoff/internal/handler"
+)
+
+// scriptApp answers every call with whatever answer holds now.
+type scriptApp struct {
+	answer   atomic.Value // handler.Result
+	delay    time.Duration
+	mu       sync.Mutex
+	calls    []time.Time
+	attempts map[string][]int
+	inFlight atomic.Int32
+}
+
+func newScriptApp(res handler.Result, delay time.Duration) *scriptApp {
+	a := &scriptApp{delay: delay, attempts: map[string][]int{}}
+	a.answer.Store(res)
+	return a
+}
+
+func (a *scriptApp) Deliver(ctx context.Context, r *handler.Request) handler.Result {
+	a.inFlight.Add(1)
+	defer a.inFlight.Add(-1)
+	a.mu.Lock()
+	a.calls = append(a.calls, time.Now())
+	a.attempts[r.EventID] = append(a.attempts[r.EventID], r.Attempt)
+	a.mu.Unlock()
+	select {
+	case <-time.After(a.delay):
+	case <-ctx.Done():
+	}
+	return a.answer.Load().(handler.Result)
+}
+
+func (a *scriptApp) Probe(context.Context) error { return nil }
+
+func (a *scriptApp) count() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.calls)
+}
+
+func (r *rig) engineWith(app Deliverer, o func(*Options), ds ...broker.Delivery) *Engine {
+	e := r.engine(32, ds...)
+	e.o.Handler = app
+	e.gate = newGate(app.Probe, e.log)
+	if o != nil {
+		o(&e.o)
+	}
+	return e
+}
+
+func TestAdaptiveLimitShrinksUnderOverloadAndRecovers(t *testing.T) {
+	r := newRig(t)
+	app := newScriptApp(handler.Result{Outcome: budget.Overload, Detail: "429"}, time.Millisecond)
+	var ds []broker.Delivery
+	for i := range 3000 {
+		ds = append(ds, r.delivery(fmt.Sprint("m", i)))
+	}
+	e := r.engineWith(app, nil, ds...)
+	var minLimit atomic.Int32
+	minLimit.Store(32)
+	recovered := false
+	run(t, e, func() bool {
+		l := int32(e.limiter.Limit())
+		if l < minLimit.Load() {
+			minLimit.Store(l)
+		}
+		if minLimit.Load() <= 2 && app.answer.Load().(handler.Result).Outcome == budget.Overload {
+			app.answer.Store(handler.Result{Outcome: budget.Success})
+		}
+		recovered = minLimit.Load() <= 2 && l == 32
+		return recovered
+	})
+	if minLimit.Load() > 2 {
+		t.Fatalf("limit under 429s fell only to %d, want 1 or 2", minLimit.Load())
+	}
+	if !recovered {
+		t.Fatalf("limit did not recover to 32 after successes: %d", e.limiter.Limit())
+	}
+}
+
+func TestRetryAfterHoldsEveryCall(t *testing.T) {
+	r := newRig(t)
+	app := newScriptApp(handler.Result{Outcome: budget.Overload, RetryAfter: 400 * time.Millisecond}, 0)
+	first, second := r.delivery("first"), r.delivery("second")
+	e := r.engineWith(app, func(o *Options) { o.MaxConcurrency = 1 }, first)
+	e.limiter = budget.NewLimiter(1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	src := &chanSource{ch: make(chan broker.Delivery, 2)}
+	e.o.Routes[0].Sources = []Source{src}
+	go func() { done <- e.Run(ctx) }()
+	src.ch <- first
+	waitUntil(t, func() bool { return app.count() == 1 })
+	app.answer.Store(handler.Result{Outcome: budget.Success})
+	src.ch <- second
+	waitUntil(t, func() bool { return app.count() == 2 })
+	cancel()
+	<-done
+	app.mu.Lock()
+	gap := app.calls[1].Sub(app.calls[0])
+	app.mu.Unlock()
+	if gap < 400*time.Millisecond {
+		t.Errorf("the next call came %v after a 429 with Retry-After 0.4s, want >= 400ms", gap)
+	}
+}
+
+// chanSource hands out what arrives on ch.
+type chanSource struct{ ch chan broker.Delivery }
+
+func (s *chanSource) Consume(ctx context.Context, deliver func(broker.Delivery)) error {
+	for {
+		select {
+		case d := <-s.ch:
+			deliver(d)
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 5s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestReattemptWaitsForATokenUntilItsDeadline(t *testing.T) {
+	r := newRig(t)
+	app := newScriptApp(handler.Result{Outcome: budget.Retry}, 0)
+	d := r.delivery("a")
+	start := time.Now()
+	e := r.engineWith(app, func(o *Options) {
+		o.Budget = budget.NewRetryBudget(0, 0, time.Second, nil)
+		o.Routes[0].InPlace = true
+		// Due after the 1s tier, then no token until the deadline.
+		o.Policy.Deadline = 1500 * time.Millisecond
+		o.Policy.MaxAttempts = 100
+	}, d)
+	run(t, e, func() bool {
+		ev := r.snapshot()
+		return len(ev) >= 2
+	})
+	ev := r.snapshot()
+	if len(ev) != 2 || ev[0].kind != "transfer" || !ev[0].dest.DeadLetter || ev[1].kind != "ack" {
+		t.Fatalf("events = %v, want a dead-letter copy and an ack", kinds(ev))
+	}
+	if n := app.count(); n != 1 {
+		t.Errorf("app called %d times, want 1: no token for a re-attempt", n)
+	}
+	if took := time.Since(start); took < 1400*time.Millisecond {
+		t.Errorf("dead-lettered after %v: the re-attempt must wait for a token until its deadline", took)
+	}
+	if st := e.o.Budget.State(); st.Denied == 0 {
+		t.Error("no denial counted")
+	}
+}
+
+func TestProducerDeadlineOnlyWhenTrusted(t *testing.T) {
+	past := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano)
+	for _, trust := range []bool{false, true} {
+		r := newRig(t)
+		app := newScriptApp(handler.Result{Outcome: budget.Success}, 0)
+		d := r.delivery("a")
+		d.msg.Headers = broker.Headers{broker.HeaderDeadline: past}
+		e := r.engineWith(app, func(o *Options) { o.TrustProducerDeadline = trust }, d)
+		run(t, e, func() bool { return len(r.snapshot()) > 0 && r.snapshot()[len(r.snapshot())-1].kind == "ack" })
+		calls := app.count()
+		ev := r.snapshot()
+		deadLettered := len(ev) > 0 && ev[0].kind == "transfer" && ev[0].dest.DeadLetter
+		if trust && (calls != 0 || !deadLettered) {
+			t.Errorf("trusted past deadline: %d calls, events %v; want no call and a dead letter", calls, kinds(ev))
+		}
+		if !trust && (calls != 1 || deadLettered) {
+			t.Errorf("untrusted deadline header: %d calls, events %v; want it ignored and one call", calls, kinds(ev))
+		}
+	}
+}
+
+func TestFreshIntakePausesWhenBudgetSpentAndFailing(t *testing.T) {
+	r := newRig(t)
+	app := newScriptApp(handler.Result{Outcome: budget.Retry}, time.Millisecond)
+	var ds []broker.Delivery
+	for i := range 100 {
+		ds = append(ds, r.delivery("m"+string(rune('A'+i%26))+string(rune('A'+i/26))))
+	}
+	e := r.engineWith(app, func(o *Options) {
+		o.Budget = budget.NewRetryBudget(0, 0, time.Second, nil)
+		o.MaxConcurrency = 2
+	}, ds...)
+	e.limiter = budget.NewLimiter(2)
+	e.intakes = budget.NewIntake(freshFailThreshold)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	time.Sleep(500 * time.Millisecond)
+	paused := app.count()
+	if paused > freshFailThreshold+2 || !e.intakes.Paused() {
+		t.Fatalf("%d fresh messages called with the budget spent (paused: %v); want intake paused after %d",
+			paused, e.intakes.Paused(), freshFailThreshold)
+	}
+	// The app recovers: the next probe succeeds and intake resumes.
+	app.answer.Store(handler.Result{Outcome: budget.Success})
+	waitUntil(t, func() bool { return app.count() >= 100 })
+	if e.intakes.Paused() {
+		t.Error("intake still paused after a success")
+	}
+}
