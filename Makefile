@@ -8,6 +8,7 @@ export HANDOFF_KAFKA_BROKERS ?= 127.0.0.1:19092
 
 build:
 	$(GO) build -o bin/sidecar ./cmd/sidecar
+	$(GO) build -o bin/handoff-bench ./cmd/handoff-bench
 
 # The whole pipeline on an embedded Kafka, with a demo producer and app.
 demo: build
@@ -45,12 +46,13 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzKeyDecode -fuzztime=30s ./internal/journal/
 	$(GO) test -run='^$$' -fuzz=FuzzSetHeaders -fuzztime=30s ./internal/handler/
 
-# Benchmarks: journal micro-benchmarks, then the end-to-end drain of a
-# preloaded queue by the sidecar (each journal.sync mode) and by a
-# hand-written consumer, in one run. Needs the local RabbitMQ.
-bench: brokers
-	$(GO) test -run='^$$' -bench=. -benchtime=2s ./internal/journal/
-	$(GO) test -run='^$$' -bench=BenchmarkJournalSyncModes -benchtime=1x -timeout=30m ./cmd/sidecar/
+# Benchmarks: hot-path micro-benchmarks, then the harness: the sidecar
+# binary against hand-written consumers and the loopback ceiling, on the
+# local RabbitMQ and Kafka, written to BENCH.md. BENCH_N sets the backlog.
+BENCH_N ?= 50000
+bench: brokers build
+	$(GO) test -run='^$$' -bench=. -benchmem -benchtime=2s ./internal/journal/ ./internal/budget/
+	bin/handoff-bench -n $(BENCH_N) -out BENCH.md
 
 clean:
 	rm -rf bin

@@ -18,6 +18,7 @@ type Limiter struct {
 	limit    float64
 	inflight int
 	changed  chan struct{} // closed and replaced when a slot may have freed
+	waiting  bool          // someone holds changed: replace it on the next release
 }
 
 // decrease is the factor applied on Overload and Unknown.
@@ -45,6 +46,7 @@ func (l *Limiter) TryAcquire() bool {
 func (l *Limiter) Changed() <-chan struct{} {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.waiting = true
 	return l.changed
 }
 
@@ -60,8 +62,11 @@ func (l *Limiter) Release(o Outcome) {
 	case Success:
 		l.limit = math.Min(float64(l.max), l.limit+1/l.limit)
 	}
-	close(l.changed)
-	l.changed = make(chan struct{})
+	if l.waiting {
+		close(l.changed)
+		l.changed = make(chan struct{})
+		l.waiting = false
+	}
 }
 
 // Limit is the current limit.

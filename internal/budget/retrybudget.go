@@ -29,6 +29,7 @@ type RetryBudget struct {
 	buckets []bucket // a ring, indexed by slot number modulo its length
 	denied  uint64
 	changed chan struct{} // closed and replaced when tokens are deposited
+	waiting bool          // someone holds changed
 }
 
 type bucket struct {
@@ -83,9 +84,10 @@ func (b *RetryBudget) Deposit() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.current().deposits++
-	if b.ratio > 0 {
+	if b.ratio > 0 && b.waiting {
 		close(b.changed)
 		b.changed = make(chan struct{})
+		b.waiting = false
 	}
 }
 
@@ -103,6 +105,7 @@ func (b *RetryBudget) take(countDenial bool) (bool, <-chan struct{}) {
 		if countDenial {
 			b.denied++
 		}
+		b.waiting = true
 		return false, b.changed
 	}
 	b.current().withdrawals++
@@ -138,6 +141,7 @@ func (b *RetryBudget) Available(stop <-chan struct{}) bool {
 	for {
 		b.mu.Lock()
 		ok, changed := b.balanceLocked() >= 1, b.changed
+		b.waiting = b.waiting || !ok
 		b.mu.Unlock()
 		if ok {
 			return true

@@ -1,0 +1,113 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// The bench app is a separate process, as the user's app is: it answers each
+// POST at once, by a fixed rule on the message id, and counts.
+
+// failure mix: 1% poison (422), 10% transient (500 on the first attempt).
+func answer(id string, attempt int, mixed bool) int {
+	if !mixed {
+		return http.StatusOK
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	switch v := h.Sum32() % 100; {
+	case v == 0:
+		return http.StatusUnprocessableEntity
+	case v <= 10 && attempt <= 1:
+		return http.StatusInternalServerError
+	}
+	return http.StatusOK
+}
+
+// appStats is what GET /stats returns.
+type appStats struct {
+	Calls     int64 `json:"calls"`
+	Successes int64 `json:"successes"`
+	Poison    int64 `json:"poison"`
+	// FirstNano and LastNano are the first call and the latest success.
+	FirstNano int64 `json:"first_nano"`
+	LastNano  int64 `json:"last_nano"`
+}
+
+func runApp(args []string) error {
+	listen := "127.0.0.1:0"
+	mixed := false
+	for i := 0; i < len(args); i++ {
+		switch args[i] {
+		case "-listen":
+			i++
+			listen = args[i]
+		case "-mixed":
+			mixed = true
+		}
+	}
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return err
+	}
+	var (
+		st       appStats
+		seenMu   sync.Mutex
+		seen     = map[string]bool{} // ids answered 2xx, so a duplicate success is not counted twice
+		firstSet atomic.Bool
+	)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/events", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		now := time.Now().UnixNano()
+		if firstSet.CompareAndSwap(false, true) {
+			atomic.StoreInt64(&st.FirstNano, now)
+		}
+		atomic.AddInt64(&st.Calls, 1)
+		id := r.Header.Get("Ce-Id")
+		if id == "" {
+			id = r.Header.Get("X-Id")
+		}
+		attempt, _ := strconv.Atoi(r.Header.Get("Handoff-Attempt"))
+		code := answer(id, attempt, mixed)
+		switch code {
+		case http.StatusOK:
+			seenMu.Lock()
+			dup := seen[id]
+			seen[id] = true
+			seenMu.Unlock()
+			if !dup {
+				atomic.AddInt64(&st.Successes, 1)
+				atomic.StoreInt64(&st.LastNano, now)
+			}
+		case http.StatusUnprocessableEntity:
+			seenMu.Lock()
+			dup := seen[id]
+			seen[id] = true
+			seenMu.Unlock()
+			if !dup {
+				atomic.AddInt64(&st.Poison, 1)
+				atomic.StoreInt64(&st.LastNano, now)
+			}
+		}
+		w.WriteHeader(code)
+	})
+	mux.HandleFunc("/stats", func(w http.ResponseWriter, _ *http.Request) {
+		_ = json.NewEncoder(w).Encode(appStats{
+			Calls: atomic.LoadInt64(&st.Calls), Successes: atomic.LoadInt64(&st.Successes), Poison: atomic.LoadInt64(&st.Poison),
+			FirstNano: atomic.LoadInt64(&st.FirstNano), LastNano: atomic.LoadInt64(&st.LastNano),
+		})
+	})
+	fmt.Fprintf(os.Stdout, "listening %s\n", ln.Addr())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	return srv.Serve(ln)
+}

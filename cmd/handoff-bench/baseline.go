@@ -1,0 +1,128 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"io"
+	"net/http"
+	"sync"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// The baselines are the consumers a team would write on the raw client
+// library without Handoff: prefetch (or a poll loop), a pool of workers
+// posting to the app over pooled keep-alive connections, ack (or commit) on
+// 2xx. They run as their own processes so that their CPU and memory are
+// measured the same way as the sidecar's.
+
+func appClient(workers int) *http.Client {
+	return &http.Client{Transport: &http.Transport{MaxIdleConns: workers, MaxIdleConnsPerHost: workers}}
+}
+
+func post(c *http.Client, url, id string, body []byte) bool {
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return false
+	}
+	req.Header.Set("X-Id", id)
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := c.Do(req)
+	if err != nil {
+		return false
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode/100 == 2
+}
+
+func runBaselineRabbit(args []string) error {
+	fs := flag.NewFlagSet("baseline-rabbit", flag.ContinueOnError)
+	url := fs.String("url", "", "AMQP URL")
+	queue := fs.String("queue", "", "queue")
+	app := fs.String("app", "", "app URL")
+	workers := fs.Int("workers", 64, "workers")
+	prefetch := fs.Int("prefetch", 256, "prefetch")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	conn, err := amqp.Dial(*url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	if err := ch.Qos(*prefetch, 0, false); err != nil {
+		return err
+	}
+	deliveries, err := ch.Consume(*queue, "", false, false, false, false, nil)
+	if err != nil {
+		return err
+	}
+	client := appClient(*workers)
+	var wg sync.WaitGroup
+	for range *workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for d := range deliveries {
+				if post(client, *app, d.MessageId, d.Body) {
+					_ = d.Ack(false)
+				} else {
+					_ = d.Nack(false, true)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return nil
+}
+
+func runBaselineKafka(args []string) error {
+	fs := flag.NewFlagSet("baseline-kafka", flag.ContinueOnError)
+	brokers := fs.String("brokers", "", "brokers")
+	topic := fs.String("topic", "", "topic")
+	group := fs.String("group", "", "group")
+	app := fs.String("app", "", "app URL")
+	workers := fs.Int("workers", 64, "workers")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(*brokers), kgo.ConsumerGroup(*group), kgo.ConsumeTopics(*topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.AutoCommitMarks())
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	client := appClient(*workers)
+	work := make(chan *kgo.Record)
+	var batch sync.WaitGroup
+	for range *workers {
+		go func() {
+			for r := range work {
+				for !post(client, *app, string(r.Key), r.Value) {
+				}
+				batch.Done()
+			}
+		}()
+	}
+	ctx := context.Background()
+	for {
+		f := cl.PollFetches(ctx)
+		if f.IsClientClosed() {
+			return nil
+		}
+		recs := f.Records()
+		batch.Add(len(recs))
+		for _, r := range recs {
+			work <- r
+		}
+		batch.Wait()
+		cl.MarkCommitRecords(recs...)
+	}
+}

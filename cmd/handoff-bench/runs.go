@@ -1,0 +1,358 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+const bodySize = 1024
+
+// app is a running bench app process.
+type app struct {
+	cmd *exec.Cmd
+	url string
+}
+
+func startApp(self string, mixed bool) (*app, error) {
+	args := []string{"app"}
+	if mixed {
+		args = append(args, "-mixed")
+	}
+	cmd := exec.Command(self, args...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		_ = cmd.Process.Kill()
+		return nil, fmt.Errorf("app did not start: %w", err)
+	}
+	addr := strings.TrimSpace(strings.TrimPrefix(line, "listening "))
+	return &app{cmd: cmd, url: "http://" + addr + "/events"}, nil
+}
+
+func (a *app) stop() { _ = a.cmd.Process.Kill(); _ = a.cmd.Wait() }
+
+func (a *app) stats() (appStats, error) {
+	var st appStats
+	resp, err := http.Get(strings.TrimSuffix(a.url, "/events") + "/stats")
+	if err != nil {
+		return st, err
+	}
+	defer resp.Body.Close()
+	return st, json.NewDecoder(resp.Body).Decode(&st)
+}
+
+// waitDone polls the app until every message ended (handled, or poison
+// answered), or timeout.
+func (a *app) waitDone(n int, timeout time.Duration) (appStats, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		st, err := a.stats()
+		if err == nil && st.Successes+st.Poison >= int64(n) {
+			return st, nil
+		}
+		if time.Now().After(deadline) {
+			return st, fmt.Errorf("%d of %d messages ended after %v", st.Successes+st.Poison, n, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (st appStats) rate(n int) float64 {
+	d := time.Duration(st.LastNano - st.FirstNano)
+	if d <= 0 {
+		return 0
+	}
+	return float64(n) / d.Seconds()
+}
+
+// ceiling drives the app with a plain load loop: the loopback limit.
+func ceiling(url string, n int) row {
+	const workers = 64
+	client := appClient(workers)
+	body := make([]byte, bodySize)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
+				post(client, url, fmt.Sprint("c-", i), body)
+			}
+		}()
+	}
+	wg.Wait()
+	return row{name: "ceiling: load loop → app (no broker)", rate: float64(n) / time.Since(start).Seconds(), calls: 1, noProcs: true}
+}
+
+// consumer runs a consumer process until the app has seen every message end.
+func consumer(name string, a *app, n int, cmd *exec.Cmd) (row, error) {
+	r := row{name: name}
+	var logs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		return r, err
+	}
+	st, waitErr := a.waitDone(n, 10*time.Minute)
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+	}
+	if waitErr != nil {
+		return r, fmt.Errorf("%w; log tail: %s", waitErr, tail(logs.String()))
+	}
+	r.rate = st.rate(n)
+	r.calls = float64(st.Calls) / float64(n)
+	r.drain = time.Duration(st.LastNano - st.FirstNano)
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		r.cpu = cpu.Seconds() / float64(n) * 10000
+		r.rssMB = float64(ru.Maxrss) / 1024
+	}
+	return r, nil
+}
+
+func tail(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > 5 {
+		lines = lines[len(lines)-5:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+// rabbitQueue declares a fresh quorum queue and preloads n messages with a
+// window of outstanding confirms.
+func rabbitQueue(o options, name string) (string, func(), error) {
+	conn, err := amqp.Dial(o.rabbit)
+	if err != nil {
+		return "", nil, fmt.Errorf("RabbitMQ: %w", err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		conn.Close()
+		return "", nil, err
+	}
+	q := fmt.Sprintf("bench.%s.%d", name, time.Now().UnixNano())
+	if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum}); err != nil {
+		conn.Close()
+		return "", nil, err
+	}
+	cleanup := func() {
+		if c, err := conn.Channel(); err == nil {
+			for _, name := range []string{q, q + ".retry", q + ".retry.1s", q + ".dlq"} {
+				_, _ = c.QueueDelete(name, false, false, false)
+			}
+		}
+		conn.Close()
+	}
+	if err := ch.Confirm(false); err != nil {
+		cleanup()
+		return "", nil, err
+	}
+	body := make([]byte, bodySize)
+	ctx := context.Background()
+	var pending []*amqp.DeferredConfirmation
+	flush := func() error {
+		for _, dc := range pending {
+			if ok, err := dc.WaitContext(ctx); err != nil || !ok {
+				return errors.New("preload not confirmed")
+			}
+		}
+		pending = pending[:0]
+		return nil
+	}
+	for i := range o.n {
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, false, false, amqp.Publishing{
+			MessageId: fmt.Sprint("m-", i), Body: body, DeliveryMode: amqp.Persistent,
+		})
+		if err != nil {
+			cleanup()
+			return "", nil, err
+		}
+		if pending = append(pending, dc); len(pending) == 256 {
+			if err := flush(); err != nil {
+				cleanup()
+				return "", nil, err
+			}
+		}
+	}
+	if err := flush(); err != nil {
+		cleanup()
+		return "", nil, err
+	}
+	return q, cleanup, nil
+}
+
+func rabbitBaseline(o options) (row, error) {
+	name := "RabbitMQ baseline (hand-written amqp091-go)"
+	q, cleanup, err := rabbitQueue(o, "baseline")
+	if err != nil {
+		return row{name: name}, err
+	}
+	defer cleanup()
+	a, err := startApp(o.self, false)
+	if err != nil {
+		return row{name: name}, err
+	}
+	defer a.stop()
+	return consumer(name, a, o.n, exec.Command(o.self, "baseline-rabbit", "-url", o.rabbit, "-queue", q, "-app", a.url))
+}
+
+func sidecarConfig(appURL, source, sync string) (string, func(), error) {
+	dir, err := os.MkdirTemp("", "handoff-bench-")
+	if err != nil {
+		return "", nil, err
+	}
+	cfg := fmt.Sprintf(`handler: {url: %q, max_concurrency: 64}
+sources:
+  - name: bench
+    %s
+retry: {tiers: [1s], base: 50ms, cap: 500ms}
+journal: {path: %q, sync: %s}
+telemetry: {metrics_listen: ""}
+admin: {listen: "127.0.0.1:0"}
+`, appURL, source, filepath.Join(dir, "handoff.db"), sync)
+	path := filepath.Join(dir, "handoff.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+		return "", nil, err
+	}
+	return path, func() { _ = os.RemoveAll(dir) }, nil
+}
+
+func rabbitSidecar(o options, sync string, mixed bool) (row, error) {
+	name := "RabbitMQ sidecar, journal " + sync
+	if mixed {
+		name += ", mixed failures"
+	}
+	q, cleanup, err := rabbitQueue(o, "sidecar")
+	if err != nil {
+		return row{name: name}, err
+	}
+	defer cleanup()
+	a, err := startApp(o.self, mixed)
+	if err != nil {
+		return row{name: name}, err
+	}
+	defer a.stop()
+	path, rm, err := sidecarConfig(a.url, fmt.Sprintf("rabbitmq: {url: %q, queue: %q, prefetch: 256}", o.rabbit, q), sync)
+	if err != nil {
+		return row{name: name}, err
+	}
+	defer rm()
+	return consumer(name, a, o.n, exec.Command(o.sidecar, "run", "--config", path))
+}
+
+// kafkaTopic creates a fresh 6-partition topic and preloads n records.
+func kafkaTopic(o options, name string) (string, func(), error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(o.kafka), kgo.ProducerLinger(5*time.Millisecond))
+	if err != nil {
+		return "", nil, err
+	}
+	adm := kadm.NewClient(cl)
+	topic := fmt.Sprintf("bench-%s-%d", name, time.Now().UnixNano())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if _, err := adm.CreateTopic(ctx, 6, 1, nil, topic); err != nil {
+		cl.Close()
+		return "", nil, fmt.Errorf("Kafka: %w", err)
+	}
+	cleanup := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		topics := []string{topic}
+		for _, g := range []string{topic + "-g"} {
+			topics = append(topics, topic+"."+g+".retry.1s", topic+"."+g+".dlq")
+			_, _ = adm.DeleteGroups(ctx, g)
+		}
+		_, _ = adm.DeleteTopics(ctx, topics...)
+		cl.Close()
+	}
+	body := make([]byte, bodySize)
+	var wg sync.WaitGroup
+	var failed atomic.Value
+	for i := range o.n {
+		id := fmt.Sprint("m-", i)
+		wg.Add(1)
+		cl.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte(id), Value: body, Headers: []kgo.RecordHeader{{Key: "ce_id", Value: []byte(id)}}},
+			func(_ *kgo.Record, err error) {
+				if err != nil {
+					failed.Store(err)
+				}
+				wg.Done()
+			})
+	}
+	wg.Wait()
+	if err, _ := failed.Load().(error); err != nil {
+		cleanup()
+		return "", nil, fmt.Errorf("preload: %w", err)
+	}
+	return topic, cleanup, nil
+}
+
+func kafkaBaseline(o options) (row, error) {
+	name := "Kafka baseline (hand-written franz-go)"
+	topic, cleanup, err := kafkaTopic(o, "baseline")
+	if err != nil {
+		return row{name: name}, err
+	}
+	defer cleanup()
+	a, err := startApp(o.self, false)
+	if err != nil {
+		return row{name: name}, err
+	}
+	defer a.stop()
+	return consumer(name, a, o.n, exec.Command(o.self, "baseline-kafka", "-brokers", o.kafka, "-topic", topic, "-group", topic+"-g", "-app", a.url))
+}
+
+func kafkaSidecar(o options, ordering string, mixed bool) (row, error) {
+	name := "Kafka sidecar, ordering " + ordering + ", journal batch"
+	if mixed {
+		name += ", mixed failures"
+	}
+	topic, cleanup, err := kafkaTopic(o, "sidecar")
+	if err != nil {
+		return row{name: name}, err
+	}
+	defer cleanup()
+	a, err := startApp(o.self, mixed)
+	if err != nil {
+		return row{name: name}, err
+	}
+	defer a.stop()
+	path, rm, err := sidecarConfig(a.url, fmt.Sprintf("kafka: {brokers: [%q], topic: %q, group: %q, ordering: %s}", o.kafka, topic, topic+"-g", ordering), "batch")
+	if err != nil {
+		return row{name: name}, err
+	}
+	defer rm()
+	return consumer(name, a, o.n, exec.Command(o.sidecar, "run", "--config", path))
+}
