@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -211,7 +212,13 @@ journal: {path: %q}
 	deadline := time.Now().Add(90 * time.Second)
 	for !done() {
 		if time.Now().After(deadline) {
-			t.Fatalf("workload not finished after the last restart; sidecar log tail:\n%s", tail(logs.String(), 40))
+			// A goroutine dump says where it stands; the log is read once
+			// the process has exited and stopped writing it.
+			_ = final.Process.Signal(syscall.SIGQUIT)
+			_ = final.Wait()
+			path := filepath.Join(os.TempDir(), fmt.Sprintf("handoff-%s.log", strings.ReplaceAll(t.Name(), "/", "-")))
+			_ = os.WriteFile(path, logs.Bytes(), 0o644)
+			t.Fatalf("workload not finished after the last restart; whole log with a goroutine dump in %s", path)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

@@ -368,6 +368,12 @@ func (c *Client) pauseUntil(st *partition, r *kgo.Record, due time.Time) {
 			c.cl.ResumeFetchPartitions(tps)
 		case <-c.closed:
 		case <-st.lost:
+			// The pause belongs to the client, not to the assignment: left
+			// in place it would outlive the revoke, and should the
+			// partition come back to this member it would never be
+			// fetched again. Its next owner pauses it anew if its head is
+			// still not due.
+			c.cl.ResumeFetchPartitions(tps)
 		}
 	}()
 }

@@ -390,3 +390,26 @@ func TestHoldRetriesStopsOnlyTheRetryTopics(t *testing.T) {
 		t.Fatalf("after releasing the hold got %q, want the retry record too", s)
 	}
 }
+
+// A partition paused until its head record is due is resumed when it is
+// revoked: the pause is the client's, and would otherwise outlive the
+// assignment and starve the partition should it come back.
+func TestRevokedPauseDoesNotOutliveTheAssignment(t *testing.T) {
+	rt := RetryTopic("orders", "g", time.Second)
+	addrs := cluster(t, "orders", rt)
+	c := newClient(t, addrs, "orders", time.Second)
+	st := &partition{tp: topicPartition{rt, 0}, lost: make(chan struct{}), out: map[*delivery]struct{}{}}
+	c.pauseUntil(st, &kgo.Record{Topic: rt, Partition: 0}, time.Now().Add(time.Hour))
+	paused := func() bool { return len(c.cl.PauseFetchPartitions(nil)[rt]) > 0 }
+	if !paused() {
+		t.Fatal("partition not paused")
+	}
+	close(st.lost)
+	deadline := time.Now().Add(5 * time.Second)
+	for paused() {
+		if time.Now().After(deadline) {
+			t.Fatal("revoked partition still paused")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
