@@ -285,6 +285,11 @@ func (h *handoff) attempt(ctx context.Context) {
 			h.handBack()
 			return
 		}
+		if res.Outcome != budget.Unreachable {
+			// Before the slot frees: a pause this answer starts holds the
+			// next first attempt, not the one after it.
+			e.observe(res.Outcome, req.Attempt == 1, res.RetryAfter)
+		}
 		e.limiter.Release(res.Outcome)
 		if res.Outcome == budget.Unreachable {
 			// Written so that a restart knows this attempt never reached the
@@ -307,7 +312,6 @@ func (h *handoff) attempt(ctx context.Context) {
 			}
 			continue
 		}
-		e.observe(res.Outcome, req.Attempt == 1, res.RetryAfter)
 		due, again := h.decide(ctx, req.Attempt, res, true)
 		if !again || !h.wait(ctx, due) {
 			return

@@ -214,7 +214,9 @@ func TestFreshIntakePausesWhenBudgetSpentAndFailing(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	time.Sleep(500 * time.Millisecond)
 	paused := app.count()
-	if paused > freshFailThreshold+2 || !e.intakes.Paused() {
+	// The threshold, plus calls already holding or about to take a slot
+	// while the pause is decided; far fewer than the 100 waiting.
+	if paused > freshFailThreshold+8 || !e.intakes.Paused() {
 		t.Fatalf("%d fresh messages called with the budget spent (paused: %v); want intake paused after %d",
 			paused, e.intakes.Paused(), freshFailThreshold)
 	}
