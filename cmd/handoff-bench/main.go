@@ -53,6 +53,8 @@ type options struct {
 	kafka    string
 	self     string
 	skipSlow bool
+	profile  string // a directory for the sidecar runs' CPU profiles
+	only     string // rabbitmq or kafka: one broker's runs
 }
 
 func runHarness(args []string) error {
@@ -63,7 +65,9 @@ func runHarness(args []string) error {
 	fs.StringVar(&o.out, "out", "BENCH.md", "where to write the table")
 	fs.StringVar(&o.rabbit, "rabbitmq", envOr("HANDOFF_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
 	fs.StringVar(&o.kafka, "kafka", envOr("HANDOFF_KAFKA_BROKERS", "127.0.0.1:19092"), "Kafka bootstrap broker")
-	fs.BoolVar(&o.skipSlow, "skip-always", false, "leave out journal.sync: always (slow by design)")
+	fs.BoolVar(&o.skipSlow, "skip-slow", false, "leave out journal.sync: always and ordering: partition (slow by design)")
+	fs.StringVar(&o.profile, "profile", "", "write each sidecar run's CPU profile (pprof) into this directory")
+	fs.StringVar(&o.only, "only", "", "rabbitmq or kafka: run one broker's columns")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -97,30 +101,36 @@ func runHarness(args []string) error {
 		rows = append(rows, r)
 		fmt.Println(r.line(ceil.rate))
 	}
-	// RabbitMQ.
-	base, err := rabbitBaseline(o)
-	add(base, err)
-	modes := []string{"batch", "none", "always"}
-	if o.skipSlow {
-		modes = modes[:2]
-	}
-	for _, mode := range modes {
-		r, err := rabbitSidecar(o, mode, false)
-		r.vsBase = ratio(r.rate, base.rate)
+	if o.only != "kafka" {
+		base, err := rabbitBaseline(o)
+		add(base, err)
+		modes := []string{"batch", "none", "always"}
+		if o.skipSlow {
+			modes = modes[:2]
+		}
+		for _, mode := range modes {
+			r, err := rabbitSidecar(o, mode, false)
+			r.vsBase = ratio(r.rate, base.rate)
+			add(r, err)
+		}
+		r, err := rabbitSidecar(o, "batch", true)
 		add(r, err)
 	}
-	r, err := rabbitSidecar(o, "batch", true)
-	add(r, err)
-	// Kafka.
-	kbase, err := kafkaBaseline(o)
-	add(kbase, err)
-	for _, ord := range []string{"none", "key", "partition"} {
-		r, err := kafkaSidecar(o, ord, false)
-		r.vsBase = ratio(r.rate, kbase.rate)
+	if o.only != "rabbitmq" {
+		kbase, err := kafkaBaseline(o)
+		add(kbase, err)
+		orderings := []string{"none", "key", "partition"}
+		if o.skipSlow {
+			orderings = orderings[:2]
+		}
+		for _, ord := range orderings {
+			r, err := kafkaSidecar(o, ord, false)
+			r.vsBase = ratio(r.rate, kbase.rate)
+			add(r, err)
+		}
+		r, err := kafkaSidecar(o, "none", true)
 		add(r, err)
 	}
-	r, err = kafkaSidecar(o, "none", true)
-	add(r, err)
 
 	md := render(o, rows, ceil.rate, time.Since(started))
 	if err := os.WriteFile(o.out, []byte(md), 0o644); err != nil {

@@ -269,7 +269,16 @@ func rabbitSidecar(o options, sync string, mixed bool) (row, error) {
 		return row{name: name}, err
 	}
 	defer rm()
-	return consumer(name, a, o.n, exec.Command(o.sidecar, "run", "--config", path))
+	return consumer(name, a, o.n, sidecarCmd(o, path, "rabbitmq-"+sync))
+}
+
+// sidecarCmd runs the sidecar binary on path, profiled when asked.
+func sidecarCmd(o options, path, run string) *exec.Cmd {
+	args := []string{"run", "--config", path}
+	if o.profile != "" {
+		args = append(args, "--cpu-profile", filepath.Join(o.profile, run+".pprof"))
+	}
+	return exec.Command(o.sidecar, args...)
 }
 
 // kafkaTopic creates a fresh 6-partition topic and preloads n records.
@@ -354,5 +363,5 @@ func kafkaSidecar(o options, ordering string, mixed bool) (row, error) {
 		return row{name: name}, err
 	}
 	defer rm()
-	return consumer(name, a, o.n, exec.Command(o.sidecar, "run", "--config", path))
+	return consumer(name, a, o.n, sidecarCmd(o, path, "kafka-"+ordering))
 }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"time"
@@ -21,7 +22,7 @@ import (
 )
 
 func runCmd() *cobra.Command {
-	var path string
+	var path, cpuProfile string
 	cmd := &cobra.Command{
 		Use:   "run --config FILE",
 		Short: "Consume every configured source and hand each message to the app",
@@ -35,10 +36,22 @@ func runCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return &exitError{code: exitConfig, err: fmt.Errorf("--cpu-profile: %w", err)}
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return err
+				}
+				defer pprof.StopCPUProfile()
+			}
 			return serve(cmd.Context(), cfg, log, hooks{})
 		},
 	}
 	cmd.Flags().StringVarP(&path, "config", "c", "", "config file (required)")
+	cmd.Flags().StringVar(&cpuProfile, "cpu-profile", "", "write a CPU profile (pprof) of the whole run to this file")
 	_ = cmd.MarkFlagRequired("config")
 	return cmd
 }
