@@ -66,18 +66,13 @@ func runApp(args []string) error {
 		firstSet atomic.Bool
 	)
 	mux := http.NewServeMux()
-	mux.HandleFunc("/events", func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
+	// handle answers one message and counts it.
+	handle := func(id string, attempt int) int {
 		now := time.Now().UnixNano()
 		if firstSet.CompareAndSwap(false, true) {
 			atomic.StoreInt64(&st.FirstNano, now)
 		}
 		atomic.AddInt64(&st.Calls, 1)
-		id := r.Header.Get("Ce-Id")
-		if id == "" {
-			id = r.Header.Get("X-Id")
-		}
-		attempt, _ := strconv.Atoi(r.Header.Get("Handoff-Attempt"))
 		code := answer(id, attempt, mixed)
 		switch code {
 		case http.StatusOK:
@@ -99,7 +94,37 @@ func runApp(args []string) error {
 				atomic.StoreInt64(&st.LastNano, now)
 			}
 		}
-		w.WriteHeader(code)
+		return code
+	}
+	mux.HandleFunc("/events", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Content-Type") == "application/cloudevents-batch+json" {
+			var events []struct {
+				ID      string `json:"id"`
+				Attempt string `json:"handoffattempt"`
+			}
+			if err := json.NewDecoder(r.Body).Decode(&events); err != nil {
+				w.WriteHeader(http.StatusBadRequest)
+				return
+			}
+			type result struct {
+				ID     string `json:"id"`
+				Status int    `json:"status"`
+			}
+			results := make([]result, len(events))
+			for i, e := range events {
+				attempt, _ := strconv.Atoi(e.Attempt)
+				results[i] = result{ID: e.ID, Status: handle(e.ID, attempt)}
+			}
+			_ = json.NewEncoder(w).Encode(map[string]any{"results": results})
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		id := r.Header.Get("Ce-Id")
+		if id == "" {
+			id = r.Header.Get("X-Id")
+		}
+		attempt, _ := strconv.Atoi(r.Header.Get("Handoff-Attempt"))
+		w.WriteHeader(handle(id, attempt))
 	})
 	mux.HandleFunc("/stats", func(w http.ResponseWriter, _ *http.Request) {
 		_ = json.NewEncoder(w).Encode(appStats{

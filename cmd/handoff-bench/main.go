@@ -109,11 +109,14 @@ func runHarness(args []string) error {
 			modes = modes[:2]
 		}
 		for _, mode := range modes {
-			r, err := rabbitSidecar(o, mode, false)
+			r, err := rabbitSidecar(o, mode, false, false)
 			r.vsBase = ratio(r.rate, base.rate)
 			add(r, err)
 		}
-		r, err := rabbitSidecar(o, "batch", true)
+		r, err := rabbitSidecar(o, "batch", true, false)
+		add(r, err)
+		r, err = rabbitSidecar(o, "batch", false, true)
+		r.vsBase = ratio(r.rate, base.rate)
 		add(r, err)
 	}
 	if o.only != "rabbitmq" {
@@ -124,11 +127,14 @@ func runHarness(args []string) error {
 			orderings = orderings[:2]
 		}
 		for _, ord := range orderings {
-			r, err := kafkaSidecar(o, ord, false)
+			r, err := kafkaSidecar(o, ord, false, false)
 			r.vsBase = ratio(r.rate, kbase.rate)
 			add(r, err)
 		}
-		r, err := kafkaSidecar(o, "none", true)
+		r, err := kafkaSidecar(o, "none", true, false)
+		add(r, err)
+		r, err = kafkaSidecar(o, "none", false, true)
+		r.vsBase = ratio(r.rate, kbase.rate)
 		add(r, err)
 	}
 

@@ -228,12 +228,20 @@ func rabbitBaseline(o options) (row, error) {
 	return consumer(name, a, o.n, exec.Command(o.self, "baseline-rabbit", "-url", o.rabbit, "-queue", q, "-app", a.url))
 }
 
-func sidecarConfig(appURL, source, sync string) (string, func(), error) {
+// batchSize is the batch-delivery column's max_messages; four batches may
+// be in flight.
+const batchSize = 64
+
+func sidecarConfig(appURL, source, sync string, batch bool) (string, func(), error) {
 	dir, err := os.MkdirTemp("", "handoff-bench-")
 	if err != nil {
 		return "", nil, err
 	}
-	cfg := fmt.Sprintf(`handler: {url: %q, max_concurrency: 64}
+	handler := "max_concurrency: 64"
+	if batch {
+		handler = fmt.Sprintf("max_concurrency: %d, batch: {max_messages: %d, max_wait: 2ms}", 4*batchSize, batchSize)
+	}
+	cfg := fmt.Sprintf(`handler: {url: %q, %s}
 sources:
   - name: bench
     %s
@@ -241,7 +249,7 @@ retry: {tiers: [1s], base: 50ms, cap: 500ms}
 journal: {path: %q, sync: %s}
 telemetry: {metrics_listen: ""}
 admin: {listen: "127.0.0.1:0"}
-`, appURL, source, filepath.Join(dir, "handoff.db"), sync)
+`, appURL, handler, source, filepath.Join(dir, "handoff.db"), sync)
 	path := filepath.Join(dir, "handoff.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 		return "", nil, err
@@ -249,8 +257,11 @@ admin: {listen: "127.0.0.1:0"}
 	return path, func() { _ = os.RemoveAll(dir) }, nil
 }
 
-func rabbitSidecar(o options, sync string, mixed bool) (row, error) {
+func rabbitSidecar(o options, sync string, mixed, batch bool) (row, error) {
 	name := "RabbitMQ sidecar, journal " + sync
+	if batch {
+		name += fmt.Sprintf(", batches of %d", batchSize)
+	}
 	if mixed {
 		name += ", mixed failures"
 	}
@@ -264,12 +275,16 @@ func rabbitSidecar(o options, sync string, mixed bool) (row, error) {
 		return row{name: name}, err
 	}
 	defer a.stop()
-	path, rm, err := sidecarConfig(a.url, fmt.Sprintf("rabbitmq: {url: %q, queue: %q, prefetch: 256}", o.rabbit, q), sync)
+	prefetch := 256
+	if batch {
+		prefetch = 8 * batchSize
+	}
+	path, rm, err := sidecarConfig(a.url, fmt.Sprintf("rabbitmq: {url: %q, queue: %q, prefetch: %d}", o.rabbit, q, prefetch), sync, batch)
 	if err != nil {
 		return row{name: name}, err
 	}
 	defer rm()
-	return consumer(name, a, o.n, sidecarCmd(o, path, "rabbitmq-"+sync))
+	return consumer(name, a, o.n, sidecarCmd(o, path, strings.ReplaceAll(name, " ", "")))
 }
 
 // sidecarCmd runs the sidecar binary on path, profiled when asked.
@@ -343,8 +358,11 @@ func kafkaBaseline(o options) (row, error) {
 	return consumer(name, a, o.n, exec.Command(o.self, "baseline-kafka", "-brokers", o.kafka, "-topic", topic, "-group", topic+"-g", "-app", a.url))
 }
 
-func kafkaSidecar(o options, ordering string, mixed bool) (row, error) {
+func kafkaSidecar(o options, ordering string, mixed, batch bool) (row, error) {
 	name := "Kafka sidecar, ordering " + ordering + ", journal batch"
+	if batch {
+		name += fmt.Sprintf(", batches of %d", batchSize)
+	}
 	if mixed {
 		name += ", mixed failures"
 	}
@@ -358,10 +376,10 @@ func kafkaSidecar(o options, ordering string, mixed bool) (row, error) {
 		return row{name: name}, err
 	}
 	defer a.stop()
-	path, rm, err := sidecarConfig(a.url, fmt.Sprintf("kafka: {brokers: [%q], topic: %q, group: %q, ordering: %s}", o.kafka, topic, topic+"-g", ordering), "batch")
+	path, rm, err := sidecarConfig(a.url, fmt.Sprintf("kafka: {brokers: [%q], topic: %q, group: %q, ordering: %s}", o.kafka, topic, topic+"-g", ordering), "batch", batch)
 	if err != nil {
 		return row{name: name}, err
 	}
 	defer rm()
-	return consumer(name, a, o.n, sidecarCmd(o, path, "kafka-"+ordering))
+	return consumer(name, a, o.n, sidecarCmd(o, path, strings.ReplaceAll(name, " ", "")))
 }

@@ -3,12 +3,15 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +24,7 @@ import (
 
 	"handoff.dev/handoff/internal/broker/rabbitmq"
 	"handoff.dev/handoff/internal/config"
+	"handoff.dev/handoff/internal/handler"
 )
 
 func rabbitURL() string {
@@ -162,6 +166,7 @@ type app struct {
 	t       *testing.T
 	mu      sync.Mutex
 	calls   []call
+	batches []int // events per batch request
 	respond func(w http.ResponseWriter, c call, prior []call)
 	srv     *http.Server
 	ln      net.Listener
@@ -184,21 +189,78 @@ func (a *app) serve(ln net.Listener) {
 	a.ln = ln
 	a.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		c := call{At: time.Now(), Header: r.Header.Clone(), Body: body}
-		a.mu.Lock()
-		var prior []call
-		for _, p := range a.calls {
-			if p.Header.Get("Ce-Id") == c.Header.Get("Ce-Id") {
-				prior = append(prior, p)
-			}
+		if r.Header.Get("Content-Type") == handler.BatchContentType {
+			a.batch(w, body)
+			return
 		}
-		a.calls = append(a.calls, c)
-		a.mu.Unlock()
-		if a.respond != nil {
-			a.respond(w, c, prior)
-		}
+		a.one(w, call{At: time.Now(), Header: r.Header.Clone(), Body: body})
 	})}
 	go func() { _ = a.srv.Serve(ln) }()
+}
+
+// one records c and answers it.
+func (a *app) one(w http.ResponseWriter, c call) {
+	a.mu.Lock()
+	var prior []call
+	for _, p := range a.calls {
+		if p.Header.Get("Ce-Id") == c.Header.Get("Ce-Id") {
+			prior = append(prior, p)
+		}
+	}
+	a.calls = append(a.calls, c)
+	a.mu.Unlock()
+	if a.respond != nil {
+		a.respond(w, c, prior)
+	}
+}
+
+// batch answers a batch by running the same script on each event as a call
+// of its own (its attributes as the headers binary mode would have sent),
+// and returns one result per event: its status, Retry-After and
+// Handoff-Outcome.
+func (a *app) batch(w http.ResponseWriter, body []byte) {
+	var events []map[string]any
+	if err := json.Unmarshal(body, &events); err != nil {
+		a.t.Errorf("app: batch body: %v", err)
+		w.WriteHeader(http.StatusBadRequest)
+		return
+	}
+	a.mu.Lock()
+	a.batches = append(a.batches, len(events))
+	a.mu.Unlock()
+	var results []map[string]any
+	for _, e := range events {
+		h := http.Header{}
+		for k, v := range e {
+			s, ok := v.(string)
+			if !ok {
+				continue
+			}
+			switch {
+			case strings.HasPrefix(k, "handoff"):
+				h.Set("Handoff-"+strings.TrimPrefix(k, "handoff"), s)
+			case k != "data_base64":
+				h.Set("Ce-"+k, s)
+			}
+		}
+		var data []byte
+		if v, ok := e["data_base64"].(string); ok {
+			data, _ = base64.StdEncoding.DecodeString(v)
+		} else if v, ok := e["data"]; ok {
+			data, _ = json.Marshal(v)
+		}
+		rec := httptest.NewRecorder()
+		a.one(rec, call{At: time.Now(), Header: h, Body: data})
+		res := map[string]any{"id": e["id"], "status": rec.Code, "detail": rec.Body.String()}
+		if v := rec.Header().Get("Retry-After"); v != "" {
+			res["retry_after"] = v
+		}
+		if v := rec.Header().Get("Handoff-Outcome"); v != "" {
+			res["outcome"] = v
+		}
+		results = append(results, res)
+	}
+	_ = json.NewEncoder(w).Encode(map[string]any{"results": results})
 }
 
 func (a *app) stop() {
@@ -220,6 +282,17 @@ func (a *app) callsFor(id string) []call {
 		}
 	}
 	return out
+}
+
+// largestBatch is the most events one batch request carried.
+func (a *app) largestBatch() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	for _, b := range a.batches {
+		n = max(n, b)
+	}
+	return n
 }
 
 func (a *app) allCalls() []call {

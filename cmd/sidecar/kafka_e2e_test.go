@@ -125,19 +125,26 @@ func TestKafkaOutcomeContract(t *testing.T) {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
 			brokers, topic := b.topic(t, "orders", 3)
-			testKafkaOutcomeContract(t, brokers, topic, false)
+			testKafkaOutcomeContract(t, brokers, topic, false, 0)
+		})
+		// The same contract with batch delivery: every message of a batch
+		// keeps its own outcome, retry and dead-letter path.
+		t.Run(b.name+"/batch", func(t *testing.T) {
+			t.Parallel()
+			brokers, topic := b.topic(t, "batchorders", 3)
+			testKafkaOutcomeContract(t, brokers, topic, false, 8)
 		})
 		// The same contract with every copy committed in a transaction
 		// together with its record's offset.
 		t.Run(b.name+"/transactional", func(t *testing.T) {
 			t.Parallel()
 			brokers, topic := b.topic(t, "txorders", 3)
-			testKafkaOutcomeContract(t, brokers, topic, true)
+			testKafkaOutcomeContract(t, brokers, topic, true, 0)
 		})
 	}
 }
 
-func testKafkaOutcomeContract(t *testing.T, brokers []string, topic string, transactional bool) {
+func testKafkaOutcomeContract(t *testing.T, brokers []string, topic string, transactional bool, batch int) {
 	const tierD = 400 * time.Millisecond
 	a := newApp(t, func(w http.ResponseWriter, c call, prior []call) {
 		switch c.Header.Get("Ce-Id") {
@@ -166,6 +173,7 @@ func testKafkaOutcomeContract(t *testing.T, brokers []string, topic string, tran
 	cfg := kafkaConfig(a.url(), brokers, topic, tierD, 2*tierD)
 	cfg.Retry.MaxAttempts = 3
 	cfg.Sources[0].Kafka.TransactionalTransfer = transactional
+	cfg.Handler.Batch = config.Batch{MaxMessages: batch, MaxWait: config.Duration(20 * time.Millisecond)}
 	s := startSidecar(t, cfg)
 
 	forged := []kgo.RecordHeader{{Key: broker.HeaderAttempt, Value: []byte("7")}, {Key: broker.HeaderDeadline, Value: []byte("2000-01-01T00:00:00.000Z")}}
@@ -210,6 +218,13 @@ func testKafkaOutcomeContract(t *testing.T, brokers []string, topic string, tran
 	}
 	if reasons["poison"] != "permanent" || reasons["broken"] != "max-attempts" {
 		t.Errorf("DLQ reasons = %v, want poison: permanent, broken: max-attempts", reasons)
+	}
+
+	if batch > 0 && a.largestBatch() < 2 {
+		t.Errorf("batch delivery on, but no request carried more than %d event", a.largestBatch())
+	}
+	if batch == 0 && a.largestBatch() > 0 {
+		t.Error("a batch request with batch delivery off")
 	}
 
 	// After a graceful stop the group's committed offsets are the log end:

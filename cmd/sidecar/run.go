@@ -167,9 +167,15 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 		}
 	}
 
+	var deliverer dispatch.Deliverer = app
+	if b := cfg.Handler.Batch; b.MaxMessages > 1 {
+		batcher := handler.NewBatcher(app, b.MaxMessages, b.MaxWait.D())
+		defer batcher.Close()
+		deliverer = batcher
+	}
 	engine := dispatch.New(dispatch.Options{
 		Routes:                routes,
-		Handler:               app,
+		Handler:               deliverer,
 		Policy:                policy,
 		Journal:               jr,
 		Timeout:               cfg.Handler.Timeout.D(),

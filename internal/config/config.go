@@ -22,7 +22,18 @@ type Handler struct {
 	// Timeout bounds one attempt; the deadline may shorten it.
 	Timeout Duration `yaml:"timeout"`
 	// MaxConcurrency bounds in-flight calls to the app, shared by all sources.
+	// With batch delivery it counts messages, not requests.
 	MaxConcurrency int `yaml:"max_concurrency"`
+	// Batch, when MaxMessages > 1, hands messages over several to a request
+	// in CloudEvents batched mode.
+	Batch Batch `yaml:"batch"`
+}
+
+// Batch is batch delivery: a request goes out with MaxMessages messages, or
+// MaxWait after its first one.
+type Batch struct {
+	MaxMessages int      `yaml:"max_messages"`
+	MaxWait     Duration `yaml:"max_wait"`
 }
 
 // Source is one broker input. Exactly one broker block is set.
@@ -131,7 +142,8 @@ type Shutdown struct {
 // Default returns a Config holding every default; Load decodes a file over it.
 func Default() Config {
 	return Config{
-		Handler: Handler{Timeout: Duration(5 * time.Second), MaxConcurrency: 64},
+		Handler: Handler{Timeout: Duration(5 * time.Second), MaxConcurrency: 64,
+			Batch: Batch{MaxWait: Duration(5 * time.Millisecond)}},
 		Retry: Retry{
 			MaxAttempts: 4,
 			Base:        Duration(100 * time.Millisecond),

@@ -132,6 +132,10 @@ func TestParseProblems(t *testing.T) {
 		{"list where mapping", replace(t, "journal:   {path: ./handoff.db}", "journal: [a]"), []string{"journal: want a mapping"}},
 		{"budget out of range", replace(t, "outcomes:\n", "budget: {ratio: 1.5, min_per_second: -1, window: 0s}\noutcomes:\n"), []string{
 			"budget.ratio: must be between 0 and 1", "budget.min_per_second: must not be negative", "budget.window: must be at least 1s"}},
+		{"batch bigger than concurrency", replace(t, "  max_concurrency: 64\n", "  max_concurrency: 64\n  batch: {max_messages: 100}\n"), []string{
+			"handler.batch.max_messages: 100 is more than handler.max_concurrency (64)"}},
+		{"batch without wait", replace(t, "  max_concurrency: 64\n", "  max_concurrency: 64\n  batch: {max_messages: 8, max_wait: 0s}\n"), []string{
+			"handler.batch.max_wait: must be positive"}},
 		{"budget not a number", replace(t, "outcomes:\n", "budget: {ratio: lots}\noutcomes:\n"), []string{"budget.ratio: cannot use \"lots\" as a number"}},
 		{"kafka fields", replace(t, `    rabbitmq:
       url: amqp://guest:guest@127.0.0.1:5672/

@@ -91,6 +91,15 @@ func (h *Handler) validate(ps *Problems) {
 	if h.MaxConcurrency < 1 {
 		ps.add("handler.max_concurrency", "must be at least 1")
 	}
+	switch b := h.Batch; {
+	case b.MaxMessages < 0 || b.MaxMessages > 10000:
+		ps.add("handler.batch.max_messages", "must be between 0 (off) and 10000, got %d", b.MaxMessages)
+	case b.MaxMessages > 1 && b.MaxWait <= 0:
+		ps.add("handler.batch.max_wait", "must be positive")
+	case b.MaxMessages > 1 && h.MaxConcurrency > 0 && b.MaxMessages > h.MaxConcurrency:
+		ps.add("handler.batch.max_messages", "%d is more than handler.max_concurrency (%d), which counts messages in flight: a batch could never fill",
+			b.MaxMessages, h.MaxConcurrency)
+	}
 }
 
 func (r *RabbitMQ) validate(path string, tiers []Duration, ps *Problems) {

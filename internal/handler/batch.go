@@ -1,0 +1,304 @@
+package handler
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/budget"
+)
+
+// BatchContentType is the CloudEvents batched content mode's media type.
+const BatchContentType = "application/cloudevents-batch+json"
+
+// maxBatchResponse bounds the response body read for the per-event outcomes.
+const maxBatchResponse = 16 << 20
+
+// Batcher delivers attempts to the app several at a time, in CloudEvents
+// batched mode: one POST whose body is a JSON array of structured events,
+// answered by one outcome per event (see the README for the format). Each
+// attempt still gets its own Result, so every message keeps its own outcome,
+// attempt count, retry and dead-letter path. It is safe for concurrent use;
+// Deliver blocks until its attempt's answer is in.
+type Batcher struct {
+	h       *HTTP
+	max     int
+	wait    time.Duration
+	in      chan *pending
+	stop    chan struct{}
+	stopped chan struct{}
+}
+
+type pending struct {
+	ctx context.Context
+	r   *Request
+	res chan Result // buffered
+}
+
+// NewBatcher batches h's deliveries: a batch goes out when it holds
+// maxMessages attempts or maxWait after its first one.
+func NewBatcher(h *HTTP, maxMessages int, maxWait time.Duration) *Batcher {
+	b := &Batcher{h: h, max: max(maxMessages, 1), wait: maxWait, in: make(chan *pending),
+		stop: make(chan struct{}), stopped: make(chan struct{})}
+	go b.collect()
+	return b
+}
+
+// Close stops collecting; attempts already sent get their answers.
+func (b *Batcher) Close() {
+	close(b.stop)
+	<-b.stopped
+}
+
+// Probe reports whether the app accepts connections.
+func (b *Batcher) Probe(ctx context.Context) error { return b.h.Probe(ctx) }
+
+// Deliver adds r to the next batch and returns its own answer.
+func (b *Batcher) Deliver(ctx context.Context, r *Request) Result {
+	p := &pending{ctx: ctx, r: r, res: make(chan Result, 1)}
+	select {
+	case b.in <- p:
+	case <-ctx.Done():
+		return Result{Outcome: budget.Unknown, Detail: "cancelled before it was sent"}
+	case <-b.stop:
+		return Result{Outcome: budget.Unreachable, Detail: "sidecar stopping"}
+	}
+	select {
+	case res := <-p.res:
+		return res
+	case <-ctx.Done():
+		// The batch may still reach the app: the effect is unknown.
+		return Result{Outcome: budget.Unknown, Detail: "cancelled while its batch was in flight"}
+	}
+}
+
+func (b *Batcher) collect() {
+	defer close(b.stopped)
+	for {
+		var first *pending
+		select {
+		case first = <-b.in:
+		case <-b.stop:
+			return
+		}
+		batch := []*pending{first}
+		t := time.NewTimer(b.wait)
+	fill:
+		for len(batch) < b.max {
+			select {
+			case p := <-b.in:
+				batch = append(batch, p)
+			case <-t.C:
+				break fill
+			case <-b.stop:
+				break fill
+			}
+		}
+		t.Stop()
+		go b.send(batch)
+	}
+}
+
+// event is one structured-mode CloudEvent of a batch.
+type event map[string]any
+
+// batchResult is one event's answer in the app's response.
+type batchResult struct {
+	ID         string          `json:"id"`
+	Outcome    string          `json:"outcome"`
+	Status     int             `json:"status"`
+	RetryAfter json.RawMessage `json:"retry_after"`
+	Detail     string          `json:"detail"`
+}
+
+func (b *Batcher) send(batch []*pending) {
+	h := b.h
+	start := h.now()
+	timeout := batch[0].r.Timeout
+	events := make([]event, len(batch))
+	for i, p := range batch {
+		timeout = min(timeout, p.r.Timeout)
+		events[i] = structured(p.r)
+	}
+	answer := func(res Result) {
+		res.Latency = h.now().Sub(start)
+		for _, p := range batch {
+			p.res <- res
+		}
+	}
+	body, err := json.Marshal(events)
+	if err != nil {
+		answer(Result{Outcome: budget.Permanent, Detail: "encode batch: " + err.Error()})
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.url, bytes.NewReader(body))
+	if err != nil {
+		answer(Result{Outcome: budget.Permanent, Detail: "build request: " + err.Error()})
+		return
+	}
+	req.Header.Set("Content-Type", BatchContentType)
+	resp, err := h.client.Do(req)
+	if err != nil {
+		answer(Result{Outcome: transportOutcome(err), Detail: err.Error()})
+		return
+	}
+	data, readErr := io.ReadAll(io.LimitReader(resp.Body, maxBatchResponse))
+	_ = resp.Body.Close()
+	end := h.now()
+	if resp.StatusCode/100 != 2 {
+		// An answer for the whole batch: every event gets it.
+		o, after := h.classifier.Response(resp.StatusCode, resp.Header, end)
+		res := Result{Outcome: o, Status: resp.StatusCode, RetryAfter: after, Detail: "HTTP " + strconv.Itoa(resp.StatusCode)}
+		if ev := strings.TrimSpace(string(data[:min(len(data), evidenceLen)])); ev != "" {
+			res.Detail += ": " + ev
+		}
+		answer(res)
+		return
+	}
+	var parsed struct {
+		Results []batchResult `json:"results"`
+	}
+	if readErr != nil || json.Unmarshal(data, &parsed) != nil {
+		// The app took the batch but its answer cannot be read: any event
+		// may have been handled.
+		answer(Result{Outcome: budget.Unknown, Status: resp.StatusCode, Detail: "batch response unreadable: want {\"results\": [...]}"})
+		return
+	}
+	byID := make(map[string]batchResult, len(parsed.Results))
+	for _, r := range parsed.Results {
+		byID[r.ID] = r
+	}
+	latency := end.Sub(start)
+	for _, p := range batch {
+		r, ok := byID[p.r.EventID]
+		if !ok {
+			p.res <- Result{Outcome: budget.Unknown, Status: resp.StatusCode, Latency: latency,
+				Detail: "the batch response has no result for this event"}
+			continue
+		}
+		p.res <- h.eventResult(r, resp.StatusCode, end, latency)
+	}
+}
+
+// eventResult classifies one event's answer: its outcome name wins, else its
+// status through the same table as single delivery, else success.
+func (h *HTTP) eventResult(r batchResult, status int, now time.Time, latency time.Duration) Result {
+	res := Result{Outcome: budget.Success, Status: status, Latency: latency}
+	if r.Status != 0 {
+		res.Status = r.Status
+		res.Outcome = h.classifier.Status(r.Status)
+	}
+	if r.Outcome != "" {
+		o, ok := budget.ParseOutcome(strings.ToLower(strings.TrimSpace(r.Outcome)))
+		if !ok {
+			return Result{Outcome: budget.Unknown, Status: status, Latency: latency,
+				Detail: fmt.Sprintf("unknown outcome %q in the batch response", r.Outcome)}
+		}
+		res.Outcome = o
+	}
+	if len(r.RetryAfter) > 0 {
+		var v any
+		if json.Unmarshal(r.RetryAfter, &v) == nil {
+			switch v := v.(type) {
+			case float64:
+				res.RetryAfter = ParseRetryAfter(strconv.FormatInt(int64(v), 10), now)
+			case string:
+				res.RetryAfter = ParseRetryAfter(v, now)
+			}
+		}
+	}
+	if res.Outcome != budget.Success {
+		res.Detail = r.Detail
+		if res.Detail == "" {
+			res.Detail = "batch: " + res.Outcome.String()
+		}
+		if len(res.Detail) > evidenceLen {
+			res.Detail = res.Detail[:evidenceLen]
+		}
+	}
+	return res
+}
+
+// structured builds r's event in structured mode: the same attributes as the
+// binary-mode headers (Handoff-* as handoff* extensions), the body as data
+// when it is JSON, else as data_base64. Message headers that are not
+// CloudEvents attributes have no place in structured mode and are left out.
+func structured(r *Request) event {
+	m := r.Message
+	e := event{"specversion": SpecVersion, "id": r.EventID}
+	contentType := m.ContentType
+	for k, v := range m.Headers {
+		if broker.IsOwned(k) || !validValue(v) {
+			continue
+		}
+		attr, ok := ceAttribute(k)
+		if !ok || attr == "id" || attr == "specversion" || attr == "data" || attr == "data_base64" {
+			continue
+		}
+		if attr == "datacontenttype" {
+			if contentType == "" {
+				contentType = v
+			}
+			continue
+		}
+		if validAttr(attr) {
+			e[attr] = v
+		}
+	}
+	if _, ok := e["source"]; !ok {
+		e["source"] = r.Source
+	}
+	if _, ok := e["type"]; !ok {
+		e["type"] = m.Type
+		if m.Type == "" {
+			e["type"] = r.Type
+		}
+	}
+	if contentType != "" {
+		e["datacontenttype"] = contentType
+	}
+	if isJSON(contentType) && json.Valid(m.Body) {
+		e["data"] = json.RawMessage(m.Body)
+	} else if len(m.Body) > 0 {
+		e["data_base64"] = base64.StdEncoding.EncodeToString(m.Body)
+	}
+	e["handoffattempt"] = strconv.Itoa(r.Attempt)
+	if !r.Deadline.IsZero() {
+		e["handoffdeadline"] = r.Deadline.UTC().Format(broker.TimeLayout)
+	}
+	e["handoffredelivered"] = strconv.FormatBool(r.Redelivered)
+	if r.ReplayID != "" {
+		e["handoffreplayid"] = r.ReplayID
+	}
+	return e
+}
+
+// validAttr reports whether a is a CloudEvents attribute name: lower-case
+// letters and digits.
+func validAttr(a string) bool {
+	if a == "" || len(a) > 64 {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		if c := a[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+func isJSON(contentType string) bool {
+	ct, _, _ := strings.Cut(contentType, ";")
+	ct = strings.ToLower(strings.TrimSpace(ct))
+	return ct == "application/json" || strings.HasSuffix(ct, "+json")
+}

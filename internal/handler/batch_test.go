@@ -1,0 +1,184 @@
+package handler
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/budget"
+)
+
+// batchApp answers each event of a batch by its id.
+func batchApp(t *testing.T, requests *atomic.Int32, got chan<- []map[string]any) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		if ct := r.Header.Get("Content-Type"); ct != BatchContentType {
+			t.Errorf("Content-Type = %q, want %q", ct, BatchContentType)
+		}
+		body, _ := io.ReadAll(r.Body)
+		var events []map[string]any
+		if err := json.Unmarshal(body, &events); err != nil {
+			t.Errorf("batch body is not a JSON array of events: %v", err)
+		}
+		if got != nil {
+			got <- events
+		}
+		var results []map[string]any
+		for _, e := range events {
+			id, _ := e["id"].(string)
+			switch id {
+			case "ok":
+				results = append(results, map[string]any{"id": id, "outcome": "success"})
+			case "busy":
+				results = append(results, map[string]any{"id": id, "status": 503, "retry_after": 2})
+			case "bad":
+				results = append(results, map[string]any{"id": id, "status": 422, "detail": "bad sku"})
+			case "later":
+				results = append(results, map[string]any{"id": id, "outcome": "defer", "retry_after": "3"})
+			case "missing":
+			default:
+				results = append(results, map[string]any{"id": id, "status": 200})
+			}
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"results": results})
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func deliverAll(b *Batcher, reqs ...*Request) []Result {
+	out := make([]Result, len(reqs))
+	var wg sync.WaitGroup
+	for i, r := range reqs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i] = b.Deliver(context.Background(), r)
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+func attempt(id string, body []byte, contentType string) *Request {
+	return &Request{Message: &broker.Message{Body: body, ContentType: contentType,
+		Headers: broker.Headers{"ce_traceid": "t-1", "x-tenant": "acme", broker.HeaderAttempt: "9"}},
+		EventID: id, Source: "urn:test", Type: "t", Attempt: 2, Timeout: 5 * time.Second}
+}
+
+func TestBatchEachMessageKeepsItsOwnOutcome(t *testing.T) {
+	var requests atomic.Int32
+	got := make(chan []map[string]any, 4)
+	srv := batchApp(t, &requests, got)
+	b := NewBatcher(newClient(t, srv.URL, 8), 5, time.Second)
+	defer b.Close()
+	res := deliverAll(b,
+		attempt("ok", []byte(`{"sku":1}`), "application/json"),
+		attempt("busy", []byte("raw bytes"), "application/octet-stream"),
+		attempt("bad", nil, ""),
+		attempt("later", nil, ""),
+		attempt("missing", nil, ""))
+	if n := requests.Load(); n != 1 {
+		t.Fatalf("%d requests for 5 messages with max_messages 5, want 1", n)
+	}
+	want := []struct {
+		o     budget.Outcome
+		after time.Duration
+	}{{budget.Success, 0}, {budget.Overload, 2 * time.Second}, {budget.Permanent, 0}, {budget.Defer, 3 * time.Second}, {budget.Unknown, 0}}
+	for i, w := range want {
+		if res[i].Outcome != w.o || res[i].RetryAfter != w.after {
+			t.Errorf("message %d: %v after %v (%q), want %v after %v", i, res[i].Outcome, res[i].RetryAfter, res[i].Detail, w.o, w.after)
+		}
+	}
+	if res[2].Detail != "bad sku" {
+		t.Errorf("detail of the 422 = %q, want the app's", res[2].Detail)
+	}
+	events := <-got
+	byID := map[string]map[string]any{}
+	for _, e := range events {
+		byID[e["id"].(string)] = e
+	}
+	ok, busy := byID["ok"], byID["busy"]
+	if d, _ := json.Marshal(ok["data"]); string(d) != `{"sku":1}` || ok["datacontenttype"] != "application/json" {
+		t.Errorf("JSON body not sent as data: %v", ok)
+	}
+	if raw, _ := base64.StdEncoding.DecodeString(busy["data_base64"].(string)); string(raw) != "raw bytes" {
+		t.Errorf("binary body not sent as data_base64: %v", busy)
+	}
+	if ok["specversion"] != "1.0" || ok["source"] != "urn:test" || ok["handoffattempt"] != "2" || ok["traceid"] != "t-1" {
+		t.Errorf("attributes = %v", ok)
+	}
+	if _, forged := ok["x-tenant"]; forged {
+		t.Error("a header that is not a CloudEvents attribute became one")
+	}
+}
+
+func TestBatchFillsThenWaits(t *testing.T) {
+	var requests atomic.Int32
+	srv := batchApp(t, &requests, nil)
+	b := NewBatcher(newClient(t, srv.URL, 8), 2, 50*time.Millisecond)
+	defer b.Close()
+	var reqs []*Request
+	for range 5 {
+		reqs = append(reqs, attempt("x", nil, ""))
+	}
+	start := time.Now()
+	for _, r := range deliverAll(b, reqs...) {
+		if r.Outcome != budget.Success {
+			t.Errorf("outcome %v (%s)", r.Outcome, r.Detail)
+		}
+	}
+	if n := requests.Load(); n < 3 || n > 5 {
+		t.Errorf("%d requests for 5 messages of at most 2 a batch", n)
+	}
+	if time.Since(start) > 2*time.Second {
+		t.Error("a partial batch waited far longer than max_wait")
+	}
+}
+
+func TestBatchWholeAnswerAppliesToEveryMessage(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		respond func(w http.ResponseWriter)
+		want    budget.Outcome
+	}{
+		{"503 for the batch", func(w http.ResponseWriter) { w.WriteHeader(http.StatusServiceUnavailable) }, budget.Overload},
+		{"400 for the batch", func(w http.ResponseWriter) { w.WriteHeader(http.StatusBadRequest) }, budget.Permanent},
+		{"unreadable answer", func(w http.ResponseWriter) { _, _ = w.Write([]byte("ok")) }, budget.Unknown},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				tc.respond(w)
+			}))
+			defer srv.Close()
+			b := NewBatcher(newClient(t, srv.URL, 8), 3, 10*time.Millisecond)
+			defer b.Close()
+			for i, r := range deliverAll(b, attempt("a", nil, ""), attempt("b", nil, ""), attempt("c", nil, "")) {
+				if r.Outcome != tc.want {
+					t.Errorf("message %d: %v (%s), want %v", i, r.Outcome, r.Detail, tc.want)
+				}
+			}
+		})
+	}
+}
+
+func TestBatchAppDownIsUnreachable(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	url := srv.URL
+	srv.Close()
+	b := NewBatcher(newClient(t, url, 8), 2, 10*time.Millisecond)
+	defer b.Close()
+	if r := b.Deliver(context.Background(), attempt("a", nil, "")); r.Outcome != budget.Unreachable {
+		t.Errorf("app down: %v (%s), want unreachable", r.Outcome, r.Detail)
+	}
+}
