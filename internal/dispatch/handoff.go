@@ -416,39 +416,48 @@ func (h *handoff) acquire(ctx context.Context, first bool) bool {
 			return false
 		}
 		var wake, probe <-chan struct{}
-		var pause *time.Timer
+		var timer <-chan time.Time
+		var stop func() bool
 		fresh := e.fresh.openChan()
-		if first && !isClosed(fresh) {
+		switch d := time.Duration(e.overloadUntil.Load() - e.now().UnixNano()); {
+		case first && !isClosed(fresh):
 			// Paused: wait for intake to resume or for a probe turn.
 			wake, probe = fresh, e.fresh.probe
-			pause = time.NewTimer(time.Hour)
-		} else if d := time.Duration(e.overloadUntil.Load() - e.now().UnixNano()); d > 0 {
-			pause = time.NewTimer(d)
-		} else {
+		case d > 0:
+			t := time.NewTimer(d)
+			timer, stop = t.C, t.Stop
+		default:
+			if e.limiter.TryAcquire() {
+				return true
+			}
+			// Ask to be woken only when a slot is really wanted: the
+			// limiter then replaces its channel on the next release.
 			wake = e.limiter.Changed()
 			if e.limiter.TryAcquire() {
 				return true
 			}
-			pause = time.NewTimer(time.Hour)
 		}
+		ok := true
 		select {
 		case <-wake:
 		case <-probe:
 			first = false // this one is the probe
-		case <-pause.C:
+		case <-timer:
 		case <-h.intake.Done():
-			pause.Stop()
 			h.handBack()
-			return false
+			ok = false
 		case <-ctx.Done():
-			pause.Stop()
 			h.handBack()
-			return false
+			ok = false
 		case <-h.d.Lost():
-			pause.Stop()
+			ok = false
+		}
+		if stop != nil {
+			stop()
+		}
+		if !ok {
 			return false
 		}
-		pause.Stop()
 	}
 }
 
