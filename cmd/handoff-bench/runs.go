@@ -258,28 +258,38 @@ admin: {listen: "127.0.0.1:0"}
 }
 
 func rabbitSidecar(o options, sync string, mixed, batch bool) (row, error) {
-	name := "RabbitMQ sidecar, journal " + sync
-	if batch {
-		name += fmt.Sprintf(", batches of %d", batchSize)
-	}
-	if mixed {
-		name += ", mixed failures"
-	}
+	name := sidecarName("RabbitMQ sidecar, journal "+sync, mixed, batch)
 	q, cleanup, err := rabbitQueue(o, "sidecar")
 	if err != nil {
 		return row{name: name}, err
 	}
 	defer cleanup()
+	prefetch := 256
+	if batch {
+		prefetch = 8 * batchSize
+	}
+	return sidecarRun(o, name, fmt.Sprintf("rabbitmq: {url: %q, queue: %q, prefetch: %d}", o.rabbit, q, prefetch), sync, mixed, batch)
+}
+
+func sidecarName(base string, mixed, batch bool) string {
+	if batch {
+		base += fmt.Sprintf(", batches of %d", batchSize)
+	}
+	if mixed {
+		base += ", mixed failures"
+	}
+	return base
+}
+
+// sidecarRun starts the app and runs the sidecar binary on one source until
+// the app has seen every message end.
+func sidecarRun(o options, name, source, sync string, mixed, batch bool) (row, error) {
 	a, err := startApp(o.self, mixed)
 	if err != nil {
 		return row{name: name}, err
 	}
 	defer a.stop()
-	prefetch := 256
-	if batch {
-		prefetch = 8 * batchSize
-	}
-	path, rm, err := sidecarConfig(a.url, fmt.Sprintf("rabbitmq: {url: %q, queue: %q, prefetch: %d}", o.rabbit, q, prefetch), sync, batch)
+	path, rm, err := sidecarConfig(a.url, source, sync, batch)
 	if err != nil {
 		return row{name: name}, err
 	}
@@ -359,27 +369,11 @@ func kafkaBaseline(o options) (row, error) {
 }
 
 func kafkaSidecar(o options, ordering string, mixed, batch bool) (row, error) {
-	name := "Kafka sidecar, ordering " + ordering + ", journal batch"
-	if batch {
-		name += fmt.Sprintf(", batches of %d", batchSize)
-	}
-	if mixed {
-		name += ", mixed failures"
-	}
+	name := sidecarName("Kafka sidecar, ordering "+ordering+", journal batch", mixed, batch)
 	topic, cleanup, err := kafkaTopic(o, "sidecar")
 	if err != nil {
 		return row{name: name}, err
 	}
 	defer cleanup()
-	a, err := startApp(o.self, mixed)
-	if err != nil {
-		return row{name: name}, err
-	}
-	defer a.stop()
-	path, rm, err := sidecarConfig(a.url, fmt.Sprintf("kafka: {brokers: [%q], topic: %q, group: %q, ordering: %s}", o.kafka, topic, topic+"-g", ordering), "batch", batch)
-	if err != nil {
-		return row{name: name}, err
-	}
-	defer rm()
-	return consumer(name, a, o.n, sidecarCmd(o, path, strings.ReplaceAll(name, " ", "")))
+	return sidecarRun(o, name, fmt.Sprintf("kafka: {brokers: [%q], topic: %q, group: %q, ordering: %s}", o.kafka, topic, topic+"-g", ordering), "batch", mixed, batch)
 }

@@ -94,11 +94,13 @@ func (b *RetryBudget) Deposit() {
 // TryWithdraw takes a token for a re-attempt, reporting false (and counting a
 // denial) when there is none.
 func (b *RetryBudget) TryWithdraw() bool {
-	ok, _ := b.take(true)
+	ok, _ := b.check(true, true)
 	return ok
 }
 
-func (b *RetryBudget) take(countDenial bool) (bool, <-chan struct{}) {
+// check reports whether a token is there, taking it when take is set; when
+// there is none it returns the channel that a deposit closes.
+func (b *RetryBudget) check(take, countDenial bool) (bool, <-chan struct{}) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.balanceLocked() < 1 {
@@ -108,41 +110,27 @@ func (b *RetryBudget) take(countDenial bool) (bool, <-chan struct{}) {
 		b.waiting = true
 		return false, b.changed
 	}
-	b.current().withdrawals++
+	if take {
+		b.current().withdrawals++
+	}
 	return true, nil
 }
 
 // Withdraw waits for a token: it returns true once it has one, false when
-// stop is closed first. A wait counts as one denial. Tokens come back when a
-// first attempt deposits or when old withdrawals leave the window, so the
-// wait also wakes every slot.
-func (b *RetryBudget) Withdraw(stop <-chan struct{}) bool {
-	for first := true; ; first = false {
-		ok, changed := b.take(first)
-		if ok {
-			return true
-		}
-		t := time.NewTimer(b.slot)
-		select {
-		case <-changed:
-		case <-t.C:
-		case <-stop:
-			t.Stop()
-			return false
-		}
-		t.Stop()
-	}
-}
+// stop is closed first. A wait counts as one denial.
+func (b *RetryBudget) Withdraw(stop <-chan struct{}) bool { return b.wait(stop, true) }
 
 // Available waits until a token is there, without taking it: for intake
 // that should not take a re-attempt it could not start. It reports false when
 // stop is closed first.
-func (b *RetryBudget) Available(stop <-chan struct{}) bool {
-	for {
-		b.mu.Lock()
-		ok, changed := b.balanceLocked() >= 1, b.changed
-		b.waiting = b.waiting || !ok
-		b.mu.Unlock()
+func (b *RetryBudget) Available(stop <-chan struct{}) bool { return b.wait(stop, false) }
+
+// wait checks until a token is there. Tokens come back when a first attempt
+// deposits or when old withdrawals leave the window, so it also wakes every
+// slot.
+func (b *RetryBudget) wait(stop <-chan struct{}, take bool) bool {
+	for first := true; ; first = false {
+		ok, changed := b.check(take, take && first)
 		if ok {
 			return true
 		}

@@ -64,18 +64,44 @@ func KafkaTopic(t *testing.T, base string, partitions int32) ([]string, string) 
 		_, _ = adm.DeleteTopics(ctx, drop...)
 		_, _ = adm.DeleteGroups(ctx, KafkaGroup(topic))
 	})
+	// A broker busy with its first use (creating its internal topics) can
+	// take a while to give a new topic leaders; wait for them.
+	for {
+		list, err := adm.ListTopics(ctx, topic)
+		d, ok := list[topic]
+		if err == nil && ok && d.Err == nil && len(d.Partitions) == int(partitions) && leadersKnown(d) {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("topic %s has no leaders after 30s: %v %v", topic, err, d.Err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	return brokers, topic
+}
+
+func leadersKnown(d kadm.TopicDetail) bool {
+	for _, p := range d.Partitions {
+		if p.Leader < 0 || p.Err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // Produce writes recs and waits for the brokers to have them.
 func Produce(t *testing.T, brokers []string, recs ...*kgo.Record) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	// A new topic may not be known to every broker yet: keep retrying that
+	// for as long as the context allows.
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.UnknownTopicRetries(-1))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -93,7 +93,7 @@ func (m *committer) run() {
 				queued = append(queued, it)
 			case <-tick.C:
 			case <-m.stop:
-				m.round(nil)
+				m.final()
 				return
 			}
 		}
@@ -116,7 +116,7 @@ func (m *committer) run() {
 				for _, it := range queued {
 					it.done <- errors.New("kafka: closed before the copy committed")
 				}
-				m.round(nil)
+				m.final()
 				return
 			}
 		}
@@ -143,6 +143,20 @@ func (m *committer) initProducer() bool {
 			return false
 		}
 	}
+}
+
+// final commits what acks moved before the client closes, trying again for
+// a while when a round fails (a coordinator still loading): a commit lost
+// here means the next owner handles those records again.
+func (m *committer) final() {
+	for range 40 {
+		m.round(nil)
+		if !m.c.offsetsMoved() {
+			return
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	m.c.log.Warn("kafka: the last offsets could not be committed; the next owner handles those records again")
 }
 
 // round runs one transaction for items and the offsets acks moved, and

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// The failure mix is what the mixed columns claim: about 1% poison and 10%
+// transient, the transient ones failing only their first attempt, and the
+// same answer every time for the same id.
+func TestAnswerMix(t *testing.T) {
+	const n = 20000
+	poison, transient := 0, 0
+	for i := range n {
+		id := fmt.Sprint("m-", i)
+		switch answer(id, 1, true) {
+		case http.StatusUnprocessableEntity:
+			poison++
+			if answer(id, 2, true) != http.StatusUnprocessableEntity {
+				t.Fatalf("%s: poison only on its first attempt", id)
+			}
+		case http.StatusInternalServerError:
+			transient++
+			if answer(id, 2, true) != http.StatusOK {
+				t.Fatalf("%s: transient failure repeated on the second attempt", id)
+			}
+		}
+		if answer(id, 1, false) != http.StatusOK {
+			t.Fatalf("%s failed with the mix off", id)
+		}
+	}
+	if p := float64(poison) / n; p < 0.005 || p > 0.02 {
+		t.Errorf("poison share %.3f, want about 0.01", p)
+	}
+	if p := float64(transient) / n; p < 0.08 || p > 0.12 {
+		t.Errorf("transient share %.3f, want about 0.10", p)
+	}
+}
+
+func TestRenderNamesEveryRun(t *testing.T) {
+	rows := []row{{name: "ceiling", rate: 1000, calls: 1, noProcs: true}, {name: "sidecar", rate: 500, calls: 1.1, cpu: 2, rssMB: 40, vsBase: 0.5}}
+	md := render(options{n: 10}, rows, 1000, 0)
+	for _, want := range []string{"| ceiling | 1000 | 1.00 | — | — | — | 1.00 |", "| sidecar | 500 | 1.10 | 2.00 | 40.0 | 0.50 | 0.50 |"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("table lacks %q:\n%s", want, md)
+		}
+	}
+}
