@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -246,13 +247,27 @@ func checkCommittedAtLogEnd(t *testing.T, brokers []string, topic string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	offs, err := adm.FetchOffsets(context.Background(), kafkaGroup(topic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ends.Each(func(e kadm.ListedOffset) {
-		if got, _ := offs.Lookup(topic, e.Partition); got.At != e.Offset {
-			t.Errorf("partition %d: committed %d, log end %d", e.Partition, got.At, e.Offset)
+	// An offset committed in a transaction becomes visible once the
+	// coordinator has written the commit markers, a moment after the
+	// transaction ended: look again for a while before calling it missing.
+	var behind []string
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		offs, err := adm.FetchOffsets(context.Background(), kafkaGroup(topic))
+		if err != nil {
+			t.Fatal(err)
 		}
-	})
+		behind = behind[:0]
+		ends.Each(func(e kadm.ListedOffset) {
+			if got, _ := offs.Lookup(topic, e.Partition); got.At != e.Offset {
+				behind = append(behind, fmt.Sprintf("partition %d: committed %d, log end %d", e.Partition, got.At, e.Offset))
+			}
+		})
+		if len(behind) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, b := range behind {
+		t.Error(b)
+	}
 }
