@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -84,8 +85,8 @@ type partition struct {
 	gone bool          // revoked: records still buffered are not handed out
 	// from is the offset of the next record to hand out: a rewound fetch
 	// (an aborted transaction rewinds to the last commit) does not hand out
-	// a record twice.
-	from int64
+	// a record twice. Written by the poll loop, read by the committer.
+	from atomic.Int64
 	// committed is the last offset a transaction committed (transactional
 	// clients only); -1 before the first.
 	committed int64
@@ -311,7 +312,7 @@ func (c *Client) Consume(ctx context.Context, deliver func(broker.Delivery)) err
 				return
 			}
 			for _, r := range ftp.Records {
-				if r.Offset < st.from {
+				if r.Offset < st.from.Load() {
 					continue // handed out already, fetched again after a rewind
 				}
 				if c.retry[r.Topic] {
@@ -341,7 +342,7 @@ func (c *Client) Consume(ctx context.Context, deliver func(broker.Delivery)) err
 				st.out[d] = struct{}{}
 				st.mu.Unlock()
 				st.wm.track(r.Offset, r.LeaderEpoch)
-				st.from = r.Offset + 1
+				st.from.Store(r.Offset + 1)
 				deliver(d)
 			}
 		})

@@ -229,6 +229,7 @@ func (m *committer) round(items []*txnItem) (again []*txnItem) {
 	case !produced:
 		// Only the copies that failed fail; the others go in the next
 		// round.
+		c.realign()
 		for _, it := range live {
 			if it.err != nil {
 				it.done <- fmt.Errorf("produce to %s: %w", it.copy.Topic, it.err)
@@ -239,6 +240,7 @@ func (m *committer) round(items []*txnItem) (again []*txnItem) {
 		return again
 	default:
 		c.log.Info("kafka transaction aborted by a rebalance; trying its copies again", "copies", len(live))
+		c.realign()
 		return live
 	}
 }
@@ -285,6 +287,26 @@ func (c *Client) txnOffsets(req *kmsg.TxnOffsetCommitRequest, settles map[topicP
 	}
 	req.Topics = topics
 	return sent
+}
+
+// realign undoes the rewind an aborted transaction makes: the session sets
+// consumption back to the last commit, which would fetch again what was
+// handed out already and leave the polled positions, which bound what the
+// next commit may carry, behind the watermarks. Each partition goes back to
+// the next record not yet handed out.
+func (c *Client) realign() {
+	set := map[string]map[int32]kgo.EpochOffset{}
+	c.mu.Lock()
+	for tp, st := range c.parts {
+		if from := st.from.Load(); from > 0 && !st.gone {
+			if set[tp.topic] == nil {
+				set[tp.topic] = map[int32]kgo.EpochOffset{}
+			}
+			set[tp.topic][tp.partition] = kgo.EpochOffset{Epoch: -1, Offset: from}
+		}
+	}
+	c.mu.Unlock()
+	c.cl.SetOffsets(set)
 }
 
 // offsetsMoved reports whether some partition's watermark is past its last
