@@ -1,0 +1,86 @@
+package main
+
+import (
+	"bytes"
+	"net/http"
+	"testing"
+	"time"
+
+	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/broker/rabbitmq"
+	"handoff.dev/handoff/internal/config"
+)
+
+// The outcome contract with batch delivery on RabbitMQ: one mixed batch,
+// and every message in it keeps its own outcome, attempts, retry and
+// dead-letter path.
+func TestRabbitBatchOutcomeContract(t *testing.T) {
+	t.Parallel()
+	conn := dialRabbit(t)
+	q := testQueue(t, conn, []time.Duration{tier})
+	a := newApp(t, func(w http.ResponseWriter, c call, prior []call) {
+		switch c.Header.Get("Ce-Id") {
+		case "ok":
+			w.WriteHeader(http.StatusOK)
+		case "flaky":
+			if len(prior) == 0 {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				return
+			}
+			w.WriteHeader(http.StatusOK)
+		case "poison":
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			_, _ = w.Write([]byte("bad sku"))
+		case "gone":
+			w.WriteHeader(http.StatusGone)
+		default:
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	})
+	cfg := testConfig(a.url(), q, tier)
+	cfg.Retry.MaxAttempts = 3
+	cfg.Handler.Batch = config.Batch{MaxMessages: 8, MaxWait: config.Duration(50 * time.Millisecond)}
+	s := startSidecar(t, cfg)
+
+	ids := []string{"ok", "flaky", "poison", "gone", "broken"}
+	var msgs []publishing
+	for _, id := range ids {
+		msgs = append(msgs, publishing{MessageId: id, ContentType: "application/octet-stream", Body: []byte("body-" + id)})
+	}
+	publish(t, conn, q, msgs...)
+	dlq := rabbitmq.DeadLetterQueue(q)
+	waitFor(t, 20*time.Second, "every outcome", func() bool {
+		return len(a.callsFor("flaky")) == 2 && len(a.callsFor("broken")) == 3 && depth(t, conn, dlq) == 2
+	})
+	time.Sleep(3 * tier)
+	s.stop(t)
+
+	for id, want := range map[string]int{"ok": 1, "flaky": 2, "poison": 1, "gone": 1, "broken": 3} {
+		if n := len(a.callsFor(id)); n != want {
+			t.Errorf("%s: %d calls, want %d", id, n, want)
+		}
+	}
+	if f := a.callsFor("flaky"); len(f) == 2 && (f[1].Header.Get("Handoff-Attempt") != "2" || f[1].At.Sub(f[0].At) < tier) {
+		t.Errorf("flaky: second call attempt %q after %v, want 2 after >= %v", f[1].Header.Get("Handoff-Attempt"), f[1].At.Sub(f[0].At), tier)
+	}
+	if c := a.callsFor("ok"); len(c) == 1 && !bytes.Equal(c[0].Body, []byte("body-ok")) {
+		t.Errorf("the app got body %q, want the message's", c[0].Body)
+	}
+	reasons := map[string]string{}
+	for _, d := range drain(t, conn, dlq) {
+		id, _ := d.Headers[broker.HeaderEventID].(string)
+		reasons[id], _ = d.Headers[broker.HeaderDeadReason].(string)
+		if string(d.Body) != "body-"+id {
+			t.Errorf("DLQ copy of %s has body %q", id, d.Body)
+		}
+	}
+	if len(reasons) != 2 || reasons["poison"] != "permanent" || reasons["broken"] != "max-attempts" {
+		t.Errorf("DLQ reasons = %v, want poison: permanent, broken: max-attempts", reasons)
+	}
+	if a.largestBatch() < 2 {
+		t.Errorf("no request carried more than %d message", a.largestBatch())
+	}
+	if n := depth(t, conn, q); n != 0 {
+		t.Errorf("source holds %d, want 0", n)
+	}
+}
