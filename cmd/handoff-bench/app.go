@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -41,6 +42,10 @@ type appStats struct {
 	// FirstNano and LastNano are the first call and the latest success.
 	FirstNano int64 `json:"first_nano"`
 	LastNano  int64 `json:"last_nano"`
+	// P50Micros and P99Micros are the publish → app latencies of messages
+	// that carried an X-Sent header (unix nanoseconds).
+	P50Micros int64 `json:"p50_us"`
+	P99Micros int64 `json:"p99_us"`
 }
 
 func runApp(args []string) error {
@@ -60,6 +65,8 @@ func runApp(args []string) error {
 		return err
 	}
 	var (
+		latMu    sync.Mutex
+		lat      []int64 // microseconds
 		st       appStats
 		seenMu   sync.Mutex
 		seen     = map[string]bool{} // ids answered 2xx, so a duplicate success is not counted twice
@@ -124,10 +131,24 @@ func runApp(args []string) error {
 			id = r.Header.Get("X-Id")
 		}
 		attempt, _ := strconv.Atoi(r.Header.Get("Handoff-Attempt"))
+		if sent, err := strconv.ParseInt(r.Header.Get("X-Sent"), 10, 64); err == nil {
+			d := (time.Now().UnixNano() - sent) / 1000
+			latMu.Lock()
+			lat = append(lat, d)
+			latMu.Unlock()
+		}
 		w.WriteHeader(handle(id, attempt))
 	})
 	mux.HandleFunc("/stats", func(w http.ResponseWriter, _ *http.Request) {
-		_ = json.NewEncoder(w).Encode(appStats{
+		latMu.Lock()
+		sorted := slices.Clone(lat)
+		latMu.Unlock()
+		slices.Sort(sorted)
+		var p50, p99 int64
+		if len(sorted) > 0 {
+			p50, p99 = sorted[len(sorted)/2], sorted[len(sorted)*99/100]
+		}
+		_ = json.NewEncoder(w).Encode(appStats{P50Micros: p50, P99Micros: p99,
 			Calls: atomic.LoadInt64(&st.Calls), Successes: atomic.LoadInt64(&st.Successes), Poison: atomic.LoadInt64(&st.Poison),
 			FirstNano: atomic.LoadInt64(&st.FirstNano), LastNano: atomic.LoadInt64(&st.LastNano),
 		})

@@ -22,12 +22,18 @@ func appClient(workers int) *http.Client {
 	return &http.Client{Transport: &http.Transport{MaxIdleConns: workers, MaxIdleConnsPerHost: workers}}
 }
 
-func post(c *http.Client, url, id string, body []byte) bool {
+func post(c *http.Client, url, id string, body []byte) bool { return postSent(c, url, id, "", body) }
+
+// postSent posts like post, passing sent on as X-Sent (for latency runs).
+func postSent(c *http.Client, url, id, sent string, body []byte) bool {
 	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return false
 	}
 	req.Header.Set("X-Id", id)
+	if sent != "" {
+		req.Header.Set("X-Sent", sent)
+	}
 	req.Header.Set("Content-Type", "application/octet-stream")
 	resp, err := c.Do(req)
 	if err != nil {
@@ -71,7 +77,8 @@ func runBaselineRabbit(args []string) error {
 		go func() {
 			defer wg.Done()
 			for d := range deliveries {
-				if post(client, *app, d.MessageId, d.Body) {
+				sent, _ := d.Headers["x-sent"].(string)
+				if postSent(client, *app, d.MessageId, sent, d.Body) {
 					_ = d.Ack(false)
 				} else {
 					_ = d.Nack(false, true)

@@ -84,6 +84,7 @@ func runHarness(args []string) error {
 	}
 	started := time.Now()
 	var rows []row
+	var lat []latencyRow
 
 	app, err := startApp(o.self, false)
 	if err != nil {
@@ -108,16 +109,23 @@ func runHarness(args []string) error {
 		if o.skipSlow {
 			modes = modes[:2]
 		}
+		var single float64 // the sidecar's rate with journal batch
 		for _, mode := range modes {
 			r, err := rabbitSidecar(o, mode, false, false)
 			r.vsBase = ratio(r.rate, base.rate)
 			add(r, err)
+			if mode == "batch" {
+				single = r.rate
+			}
 		}
 		r, err := rabbitSidecar(o, "batch", true, false)
 		add(r, err)
 		r, err = rabbitSidecar(o, "batch", false, true)
 		r.vsBase = ratio(r.rate, base.rate)
 		add(r, err)
+		if base.rate > 0 {
+			lat = rabbitLatencyRows(o, base.rate, single)
+		}
 	}
 	if o.only != "rabbitmq" {
 		kbase, err := kafkaBaseline(o)
@@ -138,7 +146,7 @@ func runHarness(args []string) error {
 		add(r, err)
 	}
 
-	md := render(o, rows, ceil.rate, time.Since(started))
+	md := render(o, rows, ceil.rate, time.Since(started)) + renderLatency(lat)
 	if err := os.WriteFile(o.out, []byte(md), 0o644); err != nil {
 		return err
 	}
@@ -200,6 +208,24 @@ func render(o options, rows []row, ceil float64, took time.Duration) string {
 			vb = "—"
 		}
 		fmt.Fprintf(&b, "| %s | %.0f | %.2f | %s | %s | %s | %.2f | %s |\n", r.name, r.rate, r.calls, cpu, rss, vb, ratio(r.rate, ceil), r.note)
+	}
+	return b.String()
+}
+
+func renderLatency(rows []latencyRow) string {
+	if len(rows) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n## Latency under a paced load\n\nMessages are published at a fixed rate for %v into an empty queue while the consumer runs:\n"+
+		"half the baseline's drain rate above for both, and half the sidecar's own. Latency is from\n"+
+		"publish to the app's receipt.\n\n", pacedDuration)
+	b.WriteString("| run | paced msgs/s | p50 | p99 | note |\n|---|---:|---:|---:|---|\n")
+	for _, r := range rows {
+		fmt.Fprintf(&b, "| %s | %.0f | %v | %v | %s |\n", r.name, r.rate, r.p50, r.p99, r.note)
+	}
+	if len(rows) >= 2 && rows[0].note == "" && rows[1].note == "" {
+		fmt.Fprintf(&b, "\nAdded p99 at the same load: %v.\n", rows[1].p99-rows[0].p99)
 	}
 	return b.String()
 }
