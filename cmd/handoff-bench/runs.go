@@ -220,12 +220,9 @@ func rabbitBaseline(o options) (row, error) {
 		return row{name: name}, err
 	}
 	defer cleanup()
-	a, err := startApp(o.self, false)
-	if err != nil {
-		return row{name: name}, err
-	}
-	defer a.stop()
-	return consumer(name, a, o.n, exec.Command(o.self, "baseline-rabbit", "-url", o.rabbit, "-queue", q, "-app", a.url))
+	return runConsumer(o, name, false, func(a *app) (*exec.Cmd, func(), error) {
+		return exec.Command(o.self, "baseline-rabbit", "-url", o.rabbit, "-queue", q, "-app", a.url), func() {}, nil
+	})
 }
 
 // batchSize is the batch-delivery column's max_messages; four batches may
@@ -281,20 +278,31 @@ func sidecarName(base string, mixed, batch bool) string {
 	return base
 }
 
-// sidecarRun starts the app and runs the sidecar binary on one source until
-// the app has seen every message end.
+// sidecarRun runs the sidecar binary on one source.
 func sidecarRun(o options, name, source, sync string, mixed, batch bool) (row, error) {
+	return runConsumer(o, name, mixed, func(a *app) (*exec.Cmd, func(), error) {
+		path, rm, err := sidecarConfig(a.url, source, sync, batch)
+		if err != nil {
+			return nil, nil, err
+		}
+		return sidecarCmd(o, path, strings.ReplaceAll(name, " ", "")), rm, nil
+	})
+}
+
+// runConsumer starts the app and the consumer process that build makes for
+// it, until the app has seen every message end.
+func runConsumer(o options, name string, mixed bool, build func(a *app) (*exec.Cmd, func(), error)) (row, error) {
 	a, err := startApp(o.self, mixed)
 	if err != nil {
 		return row{name: name}, err
 	}
 	defer a.stop()
-	path, rm, err := sidecarConfig(a.url, source, sync, batch)
+	cmd, rm, err := build(a)
 	if err != nil {
 		return row{name: name}, err
 	}
 	defer rm()
-	return consumer(name, a, o.n, sidecarCmd(o, path, strings.ReplaceAll(name, " ", "")))
+	return consumer(name, a, o.n, cmd)
 }
 
 // sidecarCmd runs the sidecar binary on path, profiled when asked.
@@ -360,12 +368,9 @@ func kafkaBaseline(o options) (row, error) {
 		return row{name: name}, err
 	}
 	defer cleanup()
-	a, err := startApp(o.self, false)
-	if err != nil {
-		return row{name: name}, err
-	}
-	defer a.stop()
-	return consumer(name, a, o.n, exec.Command(o.self, "baseline-kafka", "-brokers", o.kafka, "-topic", topic, "-group", topic+"-g", "-app", a.url))
+	return runConsumer(o, name, false, func(a *app) (*exec.Cmd, func(), error) {
+		return exec.Command(o.self, "baseline-kafka", "-brokers", o.kafka, "-topic", topic, "-group", topic+"-g", "-app", a.url), func() {}, nil
+	})
 }
 
 func kafkaSidecar(o options, ordering string, mixed, batch bool) (row, error) {

@@ -301,6 +301,36 @@ func (a *app) allCalls() []call {
 	return append([]call(nil), a.calls...)
 }
 
+// contractScript answers by event id, for the outcome-contract tests: ok
+// succeeds, flaky is 503 once, poison is 422, later is 429 with Retry-After:
+// 1 once, gone is 410, and anything else 500 for ever.
+func contractScript(w http.ResponseWriter, c call, prior []call) {
+	switch c.Header.Get("Ce-Id") {
+	case "ok":
+		w.WriteHeader(http.StatusOK)
+	case "flaky":
+		if len(prior) == 0 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	case "poison":
+		w.WriteHeader(http.StatusUnprocessableEntity)
+		_, _ = w.Write([]byte("bad sku"))
+	case "later":
+		if len(prior) == 0 {
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	case "gone":
+		w.WriteHeader(http.StatusGone)
+	default:
+		w.WriteHeader(http.StatusInternalServerError)
+	}
+}
+
 func status(code int) func(http.ResponseWriter, call, []call) {
 	return func(w http.ResponseWriter, _ call, _ []call) { w.WriteHeader(code) }
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"testing"
 	"time"
 
@@ -147,30 +146,7 @@ func TestKafkaOutcomeContract(t *testing.T) {
 
 func testKafkaOutcomeContract(t *testing.T, brokers []string, topic string, transactional bool, batch int) {
 	const tierD = 400 * time.Millisecond
-	a := newApp(t, func(w http.ResponseWriter, c call, prior []call) {
-		switch c.Header.Get("Ce-Id") {
-		case "ok":
-			w.WriteHeader(http.StatusOK)
-		case "flaky":
-			if len(prior) == 0 {
-				w.WriteHeader(http.StatusServiceUnavailable)
-				return
-			}
-			w.WriteHeader(http.StatusOK)
-		case "poison":
-			w.WriteHeader(http.StatusUnprocessableEntity)
-			_, _ = w.Write([]byte("bad sku"))
-		case "later":
-			if len(prior) == 0 {
-				w.Header().Set("Retry-After", "1")
-				w.WriteHeader(http.StatusTooManyRequests)
-				return
-			}
-			w.WriteHeader(http.StatusOK)
-		default:
-			w.WriteHeader(http.StatusInternalServerError)
-		}
-	})
+	a := newApp(t, contractScript)
 	cfg := kafkaConfig(a.url(), brokers, topic, tierD, 2*tierD)
 	cfg.Retry.MaxAttempts = 3
 	cfg.Sources[0].Kafka.TransactionalTransfer = transactional

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"net/http"
 	"testing"
 	"time"
 
@@ -18,25 +17,7 @@ func TestRabbitBatchOutcomeContract(t *testing.T) {
 	t.Parallel()
 	conn := dialRabbit(t)
 	q := testQueue(t, conn, []time.Duration{tier})
-	a := newApp(t, func(w http.ResponseWriter, c call, prior []call) {
-		switch c.Header.Get("Ce-Id") {
-		case "ok":
-			w.WriteHeader(http.StatusOK)
-		case "flaky":
-			if len(prior) == 0 {
-				w.WriteHeader(http.StatusServiceUnavailable)
-				return
-			}
-			w.WriteHeader(http.StatusOK)
-		case "poison":
-			w.WriteHeader(http.StatusUnprocessableEntity)
-			_, _ = w.Write([]byte("bad sku"))
-		case "gone":
-			w.WriteHeader(http.StatusGone)
-		default:
-			w.WriteHeader(http.StatusInternalServerError)
-		}
-	})
+	a := newApp(t, contractScript)
 	cfg := testConfig(a.url(), q, tier)
 	cfg.Retry.MaxAttempts = 3
 	cfg.Handler.Batch = config.Batch{MaxMessages: 8, MaxWait: config.Duration(50 * time.Millisecond)}
