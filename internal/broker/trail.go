@@ -172,3 +172,15 @@ func truncate(s string, n int) string {
 	}
 	return s[:i]
 }
+
+// CopyIdentity is what tells one copy from another at a destination: its
+// event id, replay id and hop. A trail without an event id or a hop names no
+// copy; looking one up by it would match any message without handoff-*
+// headers and settle the source with no copy anywhere, so it is an error.
+func CopyIdentity(trail Headers) ([3]string, error) {
+	id := [3]string{trail[HeaderEventID], trail[HeaderReplayID], trail[HeaderHops]}
+	if id[0] == "" || id[2] == "" {
+		return id, fmt.Errorf("the recorded copy has no %s or %s to look it up by", HeaderEventID, HeaderHops)
+	}
+	return id, nil
+}

@@ -369,3 +369,15 @@ func TestParseTrailResultWritesBack(t *testing.T) {
 		})
 	}
 }
+
+func TestCopyIdentityNeedsEventIDAndHop(t *testing.T) {
+	for _, h := range []broker.Headers{{}, {broker.HeaderEventID: "e"}, {broker.HeaderHops: "1"}} {
+		if _, err := broker.CopyIdentity(h); err == nil {
+			t.Errorf("broker.CopyIdentity(%v) = nil error, want one", h)
+		}
+	}
+	id, err := broker.CopyIdentity(broker.Headers{broker.HeaderEventID: "e", broker.HeaderHops: "2", broker.HeaderReplayID: "r"})
+	if err != nil || id != [3]string{"e", "r", "2"} {
+		t.Errorf("CopyIdentity = %v, %v", id, err)
+	}
+}

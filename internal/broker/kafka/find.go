@@ -19,6 +19,10 @@ const findTimeout = 30 * time.Second
 // can be read back: after a crash between producing a copy and recording its
 // acknowledgement, the copy is looked for instead of produced a second time.
 func (c *Client) FindCopy(ctx context.Context, dest broker.Destination, trail broker.Headers, since time.Time) (bool, error) {
+	want, err := broker.CopyIdentity(trail)
+	if err != nil {
+		return false, err
+	}
 	topic := DeadLetterTopic(c.o.Topic, c.o.Group)
 	if !dest.DeadLetter {
 		topic = RetryTopic(c.o.Topic, c.o.Group, dest.Tier)
@@ -63,7 +67,6 @@ func (c *Client) FindCopy(ctx context.Context, dest broker.Destination, trail br
 		return false, err
 	}
 	defer cl.Close()
-	want := [3]string{trail[broker.HeaderEventID], trail[broker.HeaderReplayID], trail[broker.HeaderHops]}
 	for len(left) > 0 {
 		f := cl.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {

@@ -344,6 +344,13 @@ func TestFindCopyReadsTheDestinationBack(t *testing.T) {
 			}
 		})
 	}
+	// A plain record (no handoff-* headers) in the DLQ must not pass for a
+	// copy recorded without its identity: that would settle the source with
+	// no copy anywhere.
+	produce(t, addrs, &kgo.Record{Topic: DeadLetterTopic("orders", "g"), Value: []byte("plain")})
+	if got, err := c.FindCopy(context.Background(), dlq, broker.Headers{}, before); got || err == nil {
+		t.Errorf("FindCopy of a copy with no identity = %v, %v; want false and an error", got, err)
+	}
 }
 
 // While the retry budget is spent the client stops fetching its retry topics;

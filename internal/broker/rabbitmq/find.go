@@ -36,6 +36,10 @@ func (c *Client) FindCopy(ctx context.Context, dest broker.Destination, trail br
 	if !dest.DeadLetter {
 		return false, nil
 	}
+	want, err := broker.CopyIdentity(trail)
+	if err != nil {
+		return false, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, browseTimeout)
 	defer cancel()
 	s, err := c.await(ctx)
@@ -55,7 +59,6 @@ func (c *Client) FindCopy(ctx context.Context, dest broker.Destination, trail br
 	}
 	// Closing the channel requeues everything the browse took.
 	defer func() { _ = ch.Close() }()
-	want := [3]string{trail[broker.HeaderEventID], trail[broker.HeaderReplayID], trail[broker.HeaderHops]}
 	for n := 0; n < browseLimit; n++ {
 		if err := ctx.Err(); err != nil {
 			return false, fmt.Errorf("browse %s: %w after %d messages", queue, err, n)

@@ -113,8 +113,9 @@ func (p *publisher) publish(ctx context.Context, queue string, msg amqp.Publishi
 		}
 		return nil
 	case <-t.C:
-		// Unknown, not failed: the caller publishes again, and the retry
-		// consumer drops whichever copy comes second.
+		// Unknown, not failed: the caller publishes again; a second retry
+		// copy is dropped by the retry consumer, a DLQ copy is looked for
+		// first on a restart (FindCopy) but not here.
 		return fmt.Errorf("publish to %s: %w", queue, ErrConfirmTimeout)
 	case <-ctx.Done():
 		return fmt.Errorf("publish to %s: waiting for confirm: %w", queue, ctx.Err())
