@@ -196,7 +196,8 @@ func (e *Engine) fatalErr() error {
 // admit waits while the gate is held, then walks d on its own goroutine.
 // While intake waits, deliveries are not taken: with prefetch, that holds the
 // broker back. The number of walks in flight is bounded by the sources'
-// prefetch; the calls to the app among them by MaxConcurrency (see call).
+// prefetch; the calls to the app among them by the adaptive limit (see
+// handoff.acquire).
 func (e *Engine) admit(intake, work context.Context, r *Route, d broker.Delivery) {
 	if e.gate.wait(intake) != nil {
 		e.handBack(d)

@@ -91,6 +91,13 @@ func (h *handoff) run(ctx context.Context) {
 		h.transfer(ctx, nil, broker.Destination{Tier: dec.Tier}, "redelay")
 		return
 	}
+	if h.renewed && !h.journal(ctx) {
+		// A new publish of an event handled before: its fresh start is
+		// durable before the call, or a crash during the call would leave
+		// the old history, and the redelivery would be settled as handled
+		// although the app never answered this publish.
+		return
+	}
 	h.attempt(ctx)
 }
 
@@ -247,10 +254,8 @@ func (h *handoff) attempt(ctx context.Context) {
 			return
 		}
 		next := t.Attempt + 1
-		if budgeted != next && e.o.Budget != nil {
-			if next == 1 {
-				e.o.Budget.Deposit()
-			} else if !h.token(ctx) {
+		if budgeted != next && next > 1 && e.o.Budget != nil {
+			if !h.token(ctx) {
 				return
 			}
 			budgeted = next
@@ -277,6 +282,12 @@ func (h *handoff) attempt(ctx context.Context) {
 		}
 		if !h.acquire(ctx, next == 1) {
 			return
+		}
+		if next == 1 && budgeted != 1 && e.o.Budget != nil {
+			// Deposited once the call is sure to be made: a first attempt
+			// held by a paused intake must not pay for re-attempts.
+			e.o.Budget.Deposit()
+			budgeted = 1
 		}
 		res := e.o.Handler.Deliver(ctx, &req)
 		if ctx.Err() != nil {
@@ -598,11 +609,11 @@ func (h *handoff) transfer(ctx context.Context, trail broker.Headers, dest broke
 // crash-safety this walk depends on is gone: the engine stops, as a crash
 // would, and the delivery stays unsettled for the broker to redeliver.
 func (h *handoff) journal(ctx context.Context, recs ...journal.Record) bool {
-	if len(recs) == 0 {
-		return true
-	}
 	if pending := h.pending(); len(pending) > 0 {
 		recs = append(pending, recs...)
+	}
+	if len(recs) == 0 {
+		return true
 	}
 	err := h.e.o.Journal.Append(ctx, h.key, recs...)
 	switch {

@@ -21,7 +21,7 @@ const (
 )
 
 // freshGate holds the first attempts of fresh messages while the retry
-// budget is spent and they keep failing (see handoff.freshTurn). While held
+// budget is spent and they keep failing (see handoff.acquire). While held
 // it lets one through now and then as a probe. It is safe for concurrent use.
 type freshGate struct {
 	log *slog.Logger
@@ -31,6 +31,7 @@ type freshGate struct {
 	mu     sync.Mutex
 	opened chan struct{} // closed while open
 	held   bool
+	closed bool          // after close, hold does nothing
 	stop   chan struct{} // ends the prober of the current hold
 	probe  chan struct{} // one token: one message through
 	wg     sync.WaitGroup
@@ -61,7 +62,7 @@ func isClosed(ch <-chan struct{}) bool {
 func (g *freshGate) hold(state budget.BudgetState) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.held {
+	if g.held || g.closed {
 		return
 	}
 	g.held = true
@@ -113,6 +114,7 @@ func (g *freshGate) prober(stop chan struct{}) {
 // close ends any hold and waits for its prober.
 func (g *freshGate) close() {
 	g.mu.Lock()
+	g.closed = true
 	if g.held {
 		g.held = false
 		close(g.opened)

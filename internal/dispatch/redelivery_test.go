@@ -1,13 +1,17 @@
 package dispatch
 
 import (
+	"context"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/budget"
+	"handoff.dev/handoff/internal/handler"
+	"handoff.dev/handoff/internal/journal"
 )
 
 func (r *rig) engineMax(maxAttempts int, ds ...broker.Delivery) *Engine {
@@ -95,5 +99,42 @@ func TestMalformedCopyLeavesTheEventsHistoryAlone(t *testing.T) {
 	t.Logf("events %v, app calls %d", kinds(got), r.calls())
 	if r.calls() != 1 {
 		t.Errorf("fresh m-7 acked without an app call after a malformed copy of m-7 was dead-lettered")
+	}
+}
+
+// stateApp reads the journal during each call.
+type stateApp struct {
+	*fakeApp
+	during func()
+}
+
+func (a stateApp) Deliver(ctx context.Context, r *handler.Request) handler.Result {
+	a.during()
+	return a.fakeApp.Deliver(ctx, r)
+}
+
+// A new publish of an event handled before starts its history over, and that
+// fresh start is durable before the call: a crash during the call must not
+// leave the old "handled" history for the redelivery to be settled by.
+func TestRenewedHistoryIsDurableBeforeTheCall(t *testing.T) {
+	r := newRig(t, budget.Success)
+	run(t, r.engine(4, r.delivery("evt-7")), func() bool { return len(r.snapshot()) >= 1 })
+	k := journal.Key{Source: "fake", EventID: "evt-7"}
+	if st, _ := r.journal.State(k); !st.Handled() {
+		t.Fatalf("first publish not recorded as handled: %+v", st)
+	}
+	var handledDuring atomic.Bool
+	e := r.engine(4, r.delivery("evt-7")) // a new publish: not redelivered
+	e.o.Handler = stateApp{fakeApp: r.app, during: func() {
+		if st, _ := r.journal.State(k); st.Handled() {
+			handledDuring.Store(true)
+		}
+	}}
+	run(t, e, func() bool { return len(r.snapshot()) >= 2 })
+	if r.calls() != 2 {
+		t.Fatalf("app calls = %d, want 2 (the new publish is handled again)", r.calls())
+	}
+	if handledDuring.Load() {
+		t.Error("during the second call the journal still said handled: a crash there would settle the redelivery unseen")
 	}
 }

@@ -413,7 +413,7 @@ func (c *Client) settle(d *delivery) {
 		return
 	}
 	next, epoch, moved := d.st.wm.settle(d.r.Offset)
-	if moved {
+	if moved && c.txn == nil { // a transactional client commits in its transactions
 		c.cl.MarkCommitOffsets(map[string]map[int32]kgo.EpochOffset{d.r.Topic: {d.r.Partition: {Epoch: epoch, Offset: next}}})
 	}
 }
