@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os/exec"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -51,17 +52,21 @@ func rabbitLatency(o options, name string, rate float64, start func(a *app, q st
 	if err := cmd.Start(); err != nil {
 		return r, err
 	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
 	defer func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
+		<-done
 	}()
 	time.Sleep(time.Second) // connected and consuming
 	n, err := publishPaced(o, q, rate, pacedDuration)
 	if err != nil {
 		return r, err
 	}
-	st, err := a.waitDone(n, 2*time.Minute)
+	st, err := a.waitDone(n, 2*time.Minute, done)
 	if err != nil {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		<-done
 		return r, fmt.Errorf("%w; log tail: %s", err, tail(logs.String()))
 	}
 	r.p50, r.p99 = time.Duration(st.P50Micros)*time.Microsecond, time.Duration(st.P99Micros)*time.Microsecond
@@ -69,7 +74,7 @@ func rabbitLatency(o options, name string, rate float64, start func(a *app, q st
 }
 
 // publishPaced publishes at rate for d, each message stamped with its
-// publish time, and returns how many it published.
+// publish time, and returns how many the broker confirmed.
 func publishPaced(o options, q string, rate float64, d time.Duration) (int, error) {
 	conn, err := amqp.Dial(o.rabbit)
 	if err != nil {
@@ -80,6 +85,22 @@ func publishPaced(o options, q string, rate float64, d time.Duration) (int, erro
 	if err != nil {
 		return 0, err
 	}
+	// Confirmed, or the last publishes before the close can be lost and the
+	// run would wait for messages that never existed.
+	if err := ch.Confirm(false); err != nil {
+		return 0, err
+	}
+	var confirmed, nacked atomic.Int64
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 1024))
+	go func() {
+		for c := range confirms {
+			if c.Ack {
+				confirmed.Add(1)
+			} else {
+				nacked.Add(1)
+			}
+		}
+	}()
 	body := make([]byte, bodySize)
 	const tick = 10 * time.Millisecond
 	t := time.NewTicker(tick)
@@ -99,6 +120,16 @@ func publishPaced(o options, q string, rate float64, d time.Duration) (int, erro
 				return n, err
 			}
 		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for confirmed.Load()+nacked.Load() < int64(n) {
+		if time.Now().After(deadline) {
+			return n, fmt.Errorf("%d of %d publishes confirmed after 30s", confirmed.Load(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if k := nacked.Load(); k > 0 {
+		return n, fmt.Errorf("the broker refused %d of %d publishes", k, n)
 	}
 	return n, nil
 }

@@ -82,6 +82,11 @@ func runHarness(args []string) error {
 	if _, err := os.Stat(o.sidecar); err != nil {
 		return fmt.Errorf("sidecar binary: %w (make build)", err)
 	}
+	if o.profile != "" {
+		if err := os.MkdirAll(o.profile, 0o755); err != nil {
+			return err
+		}
+	}
 	started := time.Now()
 	var rows []row
 	var lat []latencyRow

@@ -67,7 +67,8 @@ func (a *app) stats() (appStats, error) {
 
 // waitDone polls the app until every message ended (handled, or poison
 // answered), or timeout.
-func (a *app) waitDone(n int, timeout time.Duration) (appStats, error) {
+// A consumer that exits (exited is closed) ends the wait at once.
+func (a *app) waitDone(n int, timeout time.Duration, exited <-chan struct{}) (appStats, error) {
 	deadline := time.Now().Add(timeout)
 	for {
 		st, err := a.stats()
@@ -77,7 +78,11 @@ func (a *app) waitDone(n int, timeout time.Duration) (appStats, error) {
 		if time.Now().After(deadline) {
 			return st, fmt.Errorf("%d of %d messages ended after %v", st.Successes+st.Poison, n, timeout)
 		}
-		time.Sleep(20 * time.Millisecond)
+		select {
+		case <-exited:
+			return st, fmt.Errorf("consumer exited after %d of %d messages", st.Successes+st.Poison, n)
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 }
 
@@ -118,10 +123,10 @@ func consumer(name string, a *app, n int, cmd *exec.Cmd) (row, error) {
 	if err := cmd.Start(); err != nil {
 		return r, err
 	}
-	st, waitErr := a.waitDone(n, 10*time.Minute)
-	_ = cmd.Process.Signal(syscall.SIGTERM)
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
+	st, waitErr := a.waitDone(n, 10*time.Minute, done)
+	_ = cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-done:
 	case <-time.After(30 * time.Second):

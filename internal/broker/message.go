@@ -53,7 +53,9 @@ type Delivery interface {
 	Message() *Message
 	// Ack settles the message: the broker forgets it. It fails when the
 	// delivery's channel or session is gone, in which case the broker has
-	// already taken the message back for redelivery.
+	// already taken the message back for redelivery. An adapter may send the
+	// ack later, coalesced with others; one lost on the way means a
+	// redelivery, which the journal recognises as settled.
 	Ack() error
 	// Release hands the message back unsettled, for redelivery.
 	Release() error

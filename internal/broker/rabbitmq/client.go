@@ -207,6 +207,13 @@ type session struct {
 	once    sync.Once
 	mu      sync.Mutex
 	lastErr error
+	ackers  []*acker // one per consumer channel, flushed before the close
+}
+
+func (s *session) addAcker(a *acker) {
+	s.mu.Lock()
+	s.ackers = append(s.ackers, a)
+	s.mu.Unlock()
 }
 
 // fail ends the session: any lost channel means the whole connection is
@@ -239,6 +246,12 @@ func (s *session) isDone() bool {
 
 func (s *session) close() {
 	s.fail(errors.New("closed"))
+	s.mu.Lock()
+	ackers := s.ackers
+	s.mu.Unlock()
+	for _, a := range ackers {
+		a.close() // settled deliveries are acked, not redelivered
+	}
 	_ = s.conn.Close()
 	s.pub.wait()
 }

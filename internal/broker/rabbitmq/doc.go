@@ -21,6 +21,11 @@
 // broker has requeued the delivery, its Ack fails and its Lost channel is
 // closed.
 //
+// Acks are coalesced per consumer channel (acker): one basic.ack with
+// multiple set covers the settled prefix of delivery tags, never a delivery
+// still in flight or handed back; an ack held behind a slow delivery goes out
+// on its own after 10ms, or sooner when a quarter of the prefetch is held.
+//
 // Per-message TTL (the expiration property) only expires messages at the head
 // of a queue, which is why each delay has its own queue; copies never carry the
 // original's expiration.

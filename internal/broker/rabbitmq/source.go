@@ -67,11 +67,14 @@ func (s *Source) consume(ctx context.Context, sess *session, deliver func(broker
 	// settled, and the broker has requeued them.
 	lost := make(chan struct{})
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	acks := newAcker(ch, s.c.opts.Prefetch)
+	sess.addAcker(acks)
 	s.c.wg.Add(1)
 	go func() {
 		defer s.c.wg.Done()
 		err := <-closed
 		close(lost)
+		acks.close()
 		if err != nil {
 			sess.fail(err)
 		}
@@ -80,7 +83,10 @@ func (s *Source) consume(ctx context.Context, sess *session, deliver func(broker
 	for {
 		select {
 		case <-ctx.Done():
-			if err := ch.Cancel(tag, false); err != nil {
+			acks.calls.Lock()
+			err := ch.Cancel(tag, false)
+			acks.calls.Unlock()
+			if err != nil {
 				s.c.log.Debug("cancel consumer", "err", err)
 			}
 			return nil
@@ -90,7 +96,7 @@ func (s *Source) consume(ctx context.Context, sess *session, deliver func(broker
 			if !ok {
 				return fmt.Errorf("consumer of %s cancelled by the broker", s.queue)
 			}
-			deliver(newDelivery(d, origin, s.copy, lost))
+			deliver(newDelivery(d, origin, s.copy, lost, acks))
 		}
 	}
 }
@@ -106,12 +112,13 @@ type delivery struct {
 	d    amqp.Delivery
 	msg  broker.Message
 	lost <-chan struct{}
+	acks *acker
 }
 
 var _ broker.Delivery = (*delivery)(nil)
 
-func newDelivery(d amqp.Delivery, origin string, copy bool, lost <-chan struct{}) *delivery {
-	dl := &delivery{d: d, lost: lost}
+func newDelivery(d amqp.Delivery, origin string, copy bool, lost <-chan struct{}, acks *acker) *delivery {
+	dl := &delivery{d: d, lost: lost, acks: acks}
 	dl.msg = broker.Message{
 		Body:        d.Body,
 		ContentType: d.ContentType,
@@ -127,6 +134,6 @@ func newDelivery(d amqp.Delivery, origin string, copy bool, lost <-chan struct{}
 }
 
 func (d *delivery) Message() *broker.Message { return &d.msg }
-func (d *delivery) Ack() error               { return d.d.Ack(false) }
-func (d *delivery) Release() error           { return d.d.Nack(false, true) }
+func (d *delivery) Ack() error               { return d.acks.ack(d.d.DeliveryTag) }
+func (d *delivery) Release() error           { return d.acks.release(d.d.DeliveryTag) }
 func (d *delivery) Lost() <-chan struct{}    { return d.lost }

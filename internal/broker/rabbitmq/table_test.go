@@ -136,7 +136,7 @@ func TestCopyOf(t *testing.T) {
 					"raw":      []byte("r"),
 					"nothing":  nil,
 					"x-custom": "keep",
-				}), "rabbitmq:orders", false, nil).Message()
+				}), "rabbitmq:orders", false, nil, nil).Message()
 			},
 			want: fromDelivery,
 			wantHeaders: amqp.Table{
@@ -171,7 +171,7 @@ func TestCopyOf(t *testing.T) {
 					"x-custom-header":        int64(4),
 					"not-handoff-attempt":    "keep",
 					"x-first-death-other":    "gone too",
-				}), "rabbitmq:orders", false, nil).Message()
+				}), "rabbitmq:orders", false, nil, nil).Message()
 			},
 			want: fromDelivery,
 			wantHeaders: amqp.Table{
@@ -183,7 +183,7 @@ func TestCopyOf(t *testing.T) {
 		{
 			name: "no native headers",
 			msg: func() *broker.Message {
-				return newDelivery(delivery(nil), "rabbitmq:orders", false, nil).Message()
+				return newDelivery(delivery(nil), "rabbitmq:orders", false, nil, nil).Message()
 			},
 			want:        fromDelivery,
 			wantHeaders: amqp.Table{},
@@ -223,7 +223,7 @@ func TestCopyOf(t *testing.T) {
 			name: "native of another type falls back to the string view",
 			msg: func() *broker.Message {
 				d := delivery(amqp.Table{"tenant": "a", "count": int32(3), "handoff-attempt": "9"})
-				m := newDelivery(d, "rabbitmq:orders", false, nil).Message()
+				m := newDelivery(d, "rabbitmq:orders", false, nil, nil).Message()
 				m.Native = d // not a *amqp.Delivery
 				return m
 			},
@@ -293,7 +293,7 @@ func TestCopyOfTrailWins(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			msg := newDelivery(amqp.Delivery{Headers: tt.headers}, "rabbitmq:orders", false, nil).Message()
+			msg := newDelivery(amqp.Delivery{Headers: tt.headers}, "rabbitmq:orders", false, nil, nil).Message()
 			got := copyOf(msg, broker.Headers{broker.HeaderEventID: "evt-1", broker.HeaderAttempt: "2"})
 			want := amqp.Table{broker.HeaderEventID: "evt-1", broker.HeaderAttempt: "2"}
 			if !reflect.DeepEqual(got.Headers, want) {

@@ -1,0 +1,127 @@
+package rabbitmq
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"io"
+	"log/slog"
+	"strconv"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"handoff.dev/handoff/internal/broker"
+)
+
+// Coalesced acks settle many deliveries per frame, yet never cover a
+// delivery still in flight or one handed back: after the close, exactly the
+// one left open is back in the queue, and the released one came back at once.
+func TestAckerCoalescesButNeverCoversAnOpenDelivery(t *testing.T) {
+	t.Parallel()
+	ch := channel(t)
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	q := "acker." + hex.EncodeToString(b[:])
+	if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cl := channel(t)
+		for _, name := range []string{q, RetryQueue(q), DeadLetterQueue(q)} {
+			_, _ = cl.QueueDelete(name, false, false, false)
+		}
+	})
+	const n, open, released = 200, 150, 20
+	for i := range n {
+		if err := ch.PublishWithContext(t.Context(), "", q, false, false, amqp.Publishing{
+			MessageId: strconv.Itoa(i), Body: []byte("x"), DeliveryMode: amqp.Persistent,
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	c := NewClient(Options{Name: "acker", URL: rabbitURL(), Queue: q, Prefetch: n + 10, Declare: true,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); _ = c.Run(ctx) }()
+	defer func() { cancel(); <-ran }()
+	got := make(chan broker.Delivery, 2*n)
+	consumeCtx, stopConsume := context.WithCancel(ctx)
+	defer stopConsume()
+	go func() { _ = c.Source().Consume(consumeCtx, func(d broker.Delivery) { got <- d }) }()
+
+	var acks *acker
+	var releasedAgain bool
+	for settled := 0; settled < n-1; {
+		var d broker.Delivery
+		select {
+		case d = <-got:
+		case <-time.After(15 * time.Second):
+			t.Fatalf("only %d deliveries settled", settled)
+		}
+		dl := d.(*delivery)
+		acks = dl.acks
+		switch id, _ := strconv.Atoi(d.Message().MessageID); {
+		case id == open:
+			// Left in flight.
+		case id == released && !d.Message().Redelivered:
+			if err := d.Release(); err != nil {
+				t.Fatal(err)
+			}
+		default:
+			releasedAgain = releasedAgain || id == released
+			if err := d.Ack(); err != nil {
+				t.Fatal(err)
+			}
+			settled++
+		}
+	}
+	if !releasedAgain {
+		t.Fatal("the released delivery never came back")
+	}
+	// The acks behind the open delivery go out within the hold, not at the close.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		frames, settled := acks.counts()
+		if settled == n-1 {
+			if frames >= settled/2 {
+				t.Errorf("%d ack frames for %d deliveries: not coalesced", frames, settled)
+			}
+			t.Logf("%d ack frames settled %d deliveries", frames, settled)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d acks sent while one delivery stays open", settled, n-1)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	// A quorum queue applies settles asynchronously and, with many in
+	// flight, stashes some: acks sent just before a close can come back as
+	// redeliveries (which the journal settles as duplicates). Let them land,
+	// so that what is left is what was never acked.
+	time.Sleep(300 * time.Millisecond)
+	stopConsume()
+	cancel()
+	<-ran
+	var left []string
+	for {
+		d, ok, err := ch.Get(q, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			break
+		}
+		left = append(left, d.MessageId)
+	}
+	if len(left) != 1 || left[0] != strconv.Itoa(open) {
+		t.Fatalf("queue holds %v after the close, want only the open delivery %d", left, open)
+	}
+	if err := (&delivery{acks: acks}).Ack(); err == nil {
+		t.Error("an ack after the close was accepted")
+	}
+}
