@@ -54,7 +54,7 @@ func ceID(h broker.Headers) string {
 
 func isCEID(k string) bool {
 	for _, name := range ceIDNames {
-		if strings.EqualFold(k, name) {
+		if len(k) == len(name) && strings.EqualFold(k, name) {
 			return true
 		}
 	}

@@ -25,6 +25,13 @@ func setHeaders(h http.Header, r *Request) {
 	m := r.Message
 	var ceSource, ceType string
 	contentType := m.ContentType
+	// One array backs every value the sidecar sets (each header holds a
+	// one-element slice of it): an allocation per call, not per header.
+	vals := make([]string, 0, 9+len(m.Headers))
+	set := func(name, v string) {
+		vals = append(vals, v)
+		h[name] = vals[len(vals)-1 : len(vals) : len(vals)]
+	}
 	for k, v := range m.Headers {
 		if broker.IsOwned(k) || !validValue(v) {
 			continue
@@ -43,7 +50,7 @@ func setHeaders(h http.Header, r *Request) {
 					contentType = v
 				}
 			case validName(attr):
-				h[http.CanonicalHeaderKey("ce-"+attr)] = []string{v}
+				set(http.CanonicalHeaderKey("ce-"+attr), v)
 			}
 			continue
 		}
@@ -51,7 +58,7 @@ func setHeaders(h http.Header, r *Request) {
 		if !validName(k) || reserved[name] || strings.HasPrefix(name, "Proxy-") {
 			continue
 		}
-		h[name] = []string{v}
+		set(name, v)
 	}
 	if ceSource == "" {
 		ceSource = r.Source
@@ -62,20 +69,21 @@ func setHeaders(h http.Header, r *Request) {
 	if ceType == "" {
 		ceType = r.Type
 	}
-	h["Ce-Id"] = []string{r.EventID}
-	h["Ce-Specversion"] = []string{SpecVersion}
-	h["Ce-Source"] = []string{ceSource}
-	h["Ce-Type"] = []string{ceType}
+	set("Ce-Id", r.EventID)
+	set("Ce-Specversion", SpecVersion)
+	set("Ce-Source", ceSource)
+	set("Ce-Type", ceType)
 	if contentType != "" {
-		h["Content-Type"] = []string{contentType}
+		set("Content-Type", contentType)
 	}
-	h["Handoff-Attempt"] = []string{strconv.Itoa(r.Attempt)}
+	set("Handoff-Attempt", strconv.Itoa(r.Attempt))
 	if !r.Deadline.IsZero() {
-		h["Handoff-Deadline"] = []string{r.Deadline.UTC().Format(broker.TimeLayout)}
+		var buf [40]byte
+		set("Handoff-Deadline", string(r.Deadline.UTC().AppendFormat(buf[:0], broker.TimeLayout)))
 	}
-	h["Handoff-Redelivered"] = []string{strconv.FormatBool(r.Redelivered)}
+	set("Handoff-Redelivered", strconv.FormatBool(r.Redelivered))
 	if r.ReplayID != "" {
-		h["Handoff-Replay-Id"] = []string{r.ReplayID}
+		set("Handoff-Replay-Id", r.ReplayID)
 	}
 }
 
@@ -83,14 +91,15 @@ func setHeaders(h http.Header, r *Request) {
 // in any of the protocol bindings' spellings: ce-x (HTTP), ce_x (Kafka),
 // cloudEvents:x or cloudEvents_x (AMQP).
 func ceAttribute(k string) (string, bool) {
-	lk := strings.ToLower(k)
-	for _, p := range []string{"ce-", "ce_", "cloudevents:", "cloudevents_"} {
-		if strings.HasPrefix(lk, p) && len(lk) > len(p) {
-			return lk[len(p):], true
+	for _, p := range ceAttributePrefixes {
+		if len(k) > len(p) && strings.EqualFold(k[:len(p)], p) {
+			return strings.ToLower(k[len(p):]), true
 		}
 	}
 	return "", false
 }
+
+var ceAttributePrefixes = [...]string{"ce-", "ce_", "cloudevents:", "cloudevents_"}
 
 // validName reports whether k is an HTTP token (RFC 9110 §5.6.2).
 func validName(k string) bool {
@@ -99,7 +108,7 @@ func validName(k string) bool {
 	}
 	for i := 0; i < len(k); i++ {
 		c := k[i]
-		if c >= 0x80 || c <= ' ' || strings.IndexByte("\"(),/:;<=>?@[\\]{}", c) >= 0 {
+		if c >= 0x7f || c <= ' ' || strings.IndexByte("\"(),/:;<=>?@[\\]{}", c) >= 0 {
 			return false
 		}
 	}
