@@ -388,20 +388,32 @@ func (j *Journal) gatherAsync(batch []*request, n int) ([]*request, *request) {
 func (j *Journal) commit(batch []*request) error {
 	return j.db.Update(func(tx *bolt.Tx) error {
 		steps, open, settled := tx.Bucket(bucketSteps), tx.Bucket(bucketOpen), tx.Bucket(bucketSettled)
+		now := j.now()
+		// bbolt keeps the key and value slices until the commit: they are
+		// cut from one slab, sized up front, rather than allocated each.
+		size := 0
+		for _, r := range batch {
+			for i := range r.recs {
+				size += len(r.key) + 8 + r.recs[i].size()
+			}
+		}
+		slab := make([]byte, 0, size)
 		n := 0
 		for _, r := range batch {
 			for _, rec := range r.recs { // a copy: the caller's records are its own
 				if rec.At.IsZero() {
-					rec.At = j.now()
+					rec.At = now
 				}
 				seq, err := steps.NextSequence()
 				if err != nil {
 					return err
 				}
-				// bbolt keeps the slices until the commit: one allocation
-				// each, sized up front.
-				key := binary.BigEndian.AppendUint64(append(make([]byte, 0, len(r.key)+8), r.key...), seq)
-				if err := steps.Put(key, rec.Encode(make([]byte, 0, rec.size()))); err != nil {
+				start := len(slab)
+				slab = binary.BigEndian.AppendUint64(append(slab, r.key...), seq)
+				key := slab[start:len(slab):len(slab)]
+				start = len(slab)
+				slab = rec.Encode(slab)
+				if err := steps.Put(key, slab[start:len(slab):len(slab)]); err != nil {
 					return err
 				}
 				if err := index(open, settled, r.key, &rec); err != nil {
@@ -438,13 +450,15 @@ func index(open, settled *bolt.Bucket, key []byte, rec *Record) error {
 				}
 			}
 		}
-		return settled.Put(append(timeBytes(rec.At), key...), nil)
+		k := binary.BigEndian.AppendUint64(make([]byte, 0, 8+len(key)), uint64(rec.At.UnixNano()))
+		return settled.Put(append(k, key...), nil)
 	}
 	return nil
 }
 
 func openValue(at time.Time, hop int) []byte {
-	return binary.AppendUvarint(timeBytes(at), uint64(hop))
+	v := binary.BigEndian.AppendUint64(make([]byte, 0, 8+binary.MaxVarintLen64), uint64(at.UnixNano()))
+	return binary.AppendUvarint(v, uint64(hop))
 }
 
 func parseOpenValue(v []byte) (time.Time, int, bool) {
