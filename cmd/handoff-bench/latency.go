@@ -101,7 +101,7 @@ func publishPaced(o options, q string, rate float64, d time.Duration) (int, erro
 			}
 		}
 	}()
-	body := make([]byte, bodySize)
+	body := bodies(4)
 	const tick = 10 * time.Millisecond
 	t := time.NewTicker(tick)
 	defer t.Stop()
@@ -113,7 +113,7 @@ func publishPaced(o options, q string, rate float64, d time.Duration) (int, erro
 		}
 		for want := int(now.Sub(start).Seconds() * rate); n < want; n++ {
 			err := ch.PublishWithContext(context.Background(), "", q, false, false, amqp.Publishing{
-				MessageId: fmt.Sprint("l-", n), Body: body, DeliveryMode: amqp.Persistent,
+				MessageId: fmt.Sprint("l-", n), Body: body(fmt.Sprint("l-", n)), DeliveryMode: amqp.Persistent,
 				Headers: amqp.Table{"x-sent": strconv.FormatInt(time.Now().UnixNano(), 10)},
 			})
 			if err != nil {

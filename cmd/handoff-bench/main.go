@@ -4,8 +4,8 @@
 //
 //	handoff-bench [-n 50000] [-sidecar bin/sidecar] [-out BENCH.md]
 //
-// Every consumer drains the same preloaded backlog of 1 KiB messages into the
-// same app, a separate process that answers at once. Rates are measured
+// Every consumer drains the same preloaded backlog of 1 KiB messages (JSON with
+// random content, which compression cannot shrink) into the same app, a separate process that answers at once. Rates are measured
 // from the app's first call to its last new success; CPU seconds and peak RSS
 // are the consumer process's own (rusage).
 package main
@@ -195,7 +195,8 @@ func render(o options, rows []row, ceil float64, took time.Duration) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Benchmarks\n\nMeasured by `make bench` (`cmd/handoff-bench -n %d`) on %s; the whole run took %v.\n\n",
 		o.n, machine(), took.Round(time.Second))
-	b.WriteString("Every consumer drains the same preloaded backlog of 1 KiB messages into the same app: a separate\n" +
+	b.WriteString("Every consumer drains the same preloaded backlog of 1 KiB messages (JSON with random content, which\n" +
+		"Kafka's compression cannot shrink) into the same app: a separate\n" +
 		"process that answers each POST at once. *rate* runs from the app's first call to its last new\n" +
 		"success. *CPU* and *RSS* are the consumer process's own (rusage): the sidecar, or the hand-written\n" +
 		"baseline (prefetch 256 or a poll loop, 64 workers posting over pooled keep-alive connections, ack or\n" +

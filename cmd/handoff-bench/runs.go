@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"os/exec"
@@ -23,6 +25,27 @@ import (
 )
 
 const bodySize = 1024
+
+// bodies returns a source of 1 KiB JSON message bodies with random content.
+// Zeros, or one body repeated, compress to almost nothing on Kafka, and each
+// fetch then decompresses to many times its size: memory figures would be
+// the compressor's, not the consumer's.
+func bodies(seed uint64) func(id string) []byte {
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	raw := make([]byte, bodySize)
+	return func(id string) []byte {
+		for i := range raw {
+			raw[i] = byte(rng.Uint32())
+		}
+		b := make([]byte, 0, bodySize)
+		b = append(b, `{"id":"`...)
+		b = append(b, id...)
+		b = append(b, `","payload":"`...)
+		b = base64.StdEncoding.AppendEncode(b, raw)
+		b = b[:min(len(b), bodySize-2)]
+		return append(b, `"}`...)
+	}
+}
 
 // app is a running bench app process.
 type app struct {
@@ -98,7 +121,7 @@ func (st appStats) rate(n int) float64 {
 func ceiling(url string, n int) row {
 	const workers = 64
 	client := appClient(workers)
-	body := make([]byte, bodySize)
+	body := bodies(3)("c")
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -184,7 +207,7 @@ func rabbitQueue(o options, name string) (string, func(), error) {
 		cleanup()
 		return "", nil, err
 	}
-	body := make([]byte, bodySize)
+	body := bodies(1)
 	ctx := context.Background()
 	var pending []*amqp.DeferredConfirmation
 	flush := func() error {
@@ -197,8 +220,9 @@ func rabbitQueue(o options, name string) (string, func(), error) {
 		return nil
 	}
 	for i := range o.n {
+		id := fmt.Sprint("m-", i)
 		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, false, false, amqp.Publishing{
-			MessageId: fmt.Sprint("m-", i), Body: body, DeliveryMode: amqp.Persistent,
+			MessageId: id, Body: body(id), DeliveryMode: amqp.Persistent,
 		})
 		if err != nil {
 			cleanup()
@@ -344,13 +368,13 @@ func kafkaTopic(o options, name string) (string, func(), error) {
 		_, _ = adm.DeleteTopics(ctx, topics...)
 		cl.Close()
 	}
-	body := make([]byte, bodySize)
+	body := bodies(2)
 	var wg sync.WaitGroup
 	var failed atomic.Value
 	for i := range o.n {
 		id := fmt.Sprint("m-", i)
 		wg.Add(1)
-		cl.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte(id), Value: body, Headers: []kgo.RecordHeader{{Key: "ce_id", Value: []byte(id)}}},
+		cl.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte(id), Value: body(id), Headers: []kgo.RecordHeader{{Key: "ce_id", Value: []byte(id)}}},
 			func(_ *kgo.Record, err error) {
 				if err != nil {
 					failed.Store(err)
