@@ -3,8 +3,11 @@ package main
 import (
 	"fmt"
 	"net/http"
+	"os/exec"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The failure mix is what the mixed columns claim: about 1% poison and 10%
@@ -47,4 +50,27 @@ func TestRenderNamesEveryRun(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", want, md)
 		}
 	}
+}
+
+// The peak RSS of a consumer is its own, not the harness's: a waited-for
+// child's rusage maxrss starts at the size of the process that forked it.
+func TestPeakRSSIsTheChildsOwn(t *testing.T) {
+	ballast := make([]byte, 128<<20)
+	for i := range ballast {
+		ballast[i] = 1
+	}
+	cmd := exec.Command("sleep", "0.5")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	time.Sleep(100 * time.Millisecond)
+	kib, err := peakRSS(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kib <= 0 || kib > 32<<10 {
+		t.Fatalf("sleep's peak RSS read as %d KiB (the harness holds %d MiB)", kib, len(ballast)>>20)
+	}
+	runtime.KeepAlive(ballast)
 }

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -149,6 +150,7 @@ func consumer(name string, a *app, n int, cmd *exec.Cmd) (row, error) {
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
 	st, waitErr := a.waitDone(n, 10*time.Minute, done)
+	hwm, hwmErr := peakRSS(cmd.Process.Pid)
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-done:
@@ -165,9 +167,30 @@ func consumer(name string, a *app, n int, cmd *exec.Cmd) (row, error) {
 	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
 		cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 		r.cpu = cpu.Seconds() / float64(n) * 10000
-		r.rssMB = float64(ru.Maxrss) / 1024
+	}
+	if hwmErr == nil {
+		r.rssMB = float64(hwm) / 1024
+	} else {
+		r.note = "no peak RSS: " + hwmErr.Error()
 	}
 	return r, nil
+}
+
+// peakRSS reads a running process's peak resident set (VmHWM), in KiB.
+// The rusage of a waited-for child is no good for this: its maxrss starts
+// at the resident size of the process that forked it (the harness), which
+// it keeps until exec.
+func peakRSS(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			return strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+		}
+	}
+	return 0, errors.New("no VmHWM in /proc status")
 }
 
 func tail(s string) string {
