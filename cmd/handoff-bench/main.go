@@ -4,10 +4,11 @@
 //
 //	handoff-bench [-n 50000] [-sidecar bin/sidecar] [-out BENCH.md]
 //
-// Every consumer drains the same preloaded backlog of 1 KiB messages (JSON with
-// random content, which compression cannot shrink) into the same app, a separate process that answers at once. Rates are measured
-// from the app's first call to its last new success; CPU seconds and peak RSS
-// are the consumer process's own (rusage).
+// Every consumer drains the same preloaded backlog of 1 KiB messages (JSON
+// with random content, which compression cannot shrink) into the same app, a
+// separate process that answers at once. Rates are measured from the app's
+// first call to its last new success; CPU seconds (rusage) and peak RSS
+// (VmHWM) are the consumer process's own.
 package main
 
 import (
@@ -198,7 +199,7 @@ func render(o options, rows []row, ceil float64, took time.Duration) string {
 	b.WriteString("Every consumer drains the same preloaded backlog of 1 KiB messages (JSON with random content, which\n" +
 		"Kafka's compression cannot shrink) into the same app: a separate\n" +
 		"process that answers each POST at once. *rate* runs from the app's first call to its last new\n" +
-		"success. *CPU* and *RSS* are the consumer process's own (rusage): the sidecar, or the hand-written\n" +
+		"success. *CPU* (rusage) and peak *RSS* (VmHWM) are the consumer process's own: the sidecar, or the hand-written\n" +
 		"baseline (prefetch 256 or a poll loop, 64 workers posting over pooled keep-alive connections, ack or\n" +
 		"commit on 2xx). The ceiling is the same app driven by a plain load loop of 64 workers, no broker.\n" +
 		"*mixed* runs answer 10% of messages 500 on their first attempt and 1% 422: *calls/msg* is the\n" +

@@ -222,10 +222,23 @@ func (a *acker) flush(final bool) time.Duration {
 // be redelivered, and the journal settles them as duplicates.
 func (a *acker) final() {
 	a.flush(true)
-	a.calls.Lock()
-	_ = a.ch.Close()
-	a.calls.Unlock()
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		a.calls.Lock()
+		defer a.calls.Unlock()
+		_ = a.ch.Close()
+	}()
+	// A broker that never answers must not hold up a shutdown: the
+	// connection's close, which follows, ends the channel anyway.
+	select {
+	case <-closed:
+	case <-time.After(finalCloseTimeout):
+	}
 }
+
+// finalCloseTimeout bounds the wait for a consumer channel's close-ok.
+const finalCloseTimeout = 5 * time.Second
 
 // close sends every settled ack, closes the channel and stops; later acks
 // fail. It is for a channel about to close, or one already gone (whose acks
