@@ -1,6 +1,7 @@
 package rabbitmq
 
 import (
+	"slices"
 	"sync"
 	"time"
 
@@ -16,21 +17,15 @@ const ackHold = 10 * time.Millisecond
 // before it sends: under load, one frame then settles many deliveries.
 const ackGather = time.Millisecond
 
-// Per-tag states in an acker.
-const (
-	tagOpen  uint8 = iota // delivered, not settled
-	tagAcked              // settled by Ack, ack not yet sent
-	tagSent               // ack or nack sent
-)
-
 // acker settles the deliveries of one consumer channel. Acks are coalesced:
-// one basic.ack with multiple set covers the settled prefix of delivery tags,
-// and never a delivery still open or handed back, so a multiple ack can only
-// settle what was settled one by one. A release (nack with requeue) is sent
-// at once, before any multiple ack that spans it.
+// one basic.ack with multiple set covers every settled delivery below the
+// oldest one still open, and never an open or handed-back one, so a
+// multiple ack can only settle what was settled one by one. A release (nack
+// with requeue) is sent at once, before any multiple ack that spans it.
 //
-// The broker numbers a channel's deliveries 1, 2, 3…; base is the lowest tag
-// not yet covered, state[i] the state of tag base+i.
+// It keeps only the open tags (at most the prefetch, which the broker
+// enforces) and the acks not yet sent, never a slot per tag: a delivery held
+// open for long must not make every flush longer.
 type acker struct {
 	ch      *amqp.Channel
 	maxHeld int
@@ -40,10 +35,9 @@ type acker struct {
 	calls sync.Mutex
 
 	mu      sync.Mutex
-	base    uint64
-	state   []uint8
-	held    int       // acked-but-unsent tags above the first open one
-	heldAt  time.Time // when the oldest of them was acked
+	open    []uint64  // delivered, not settled: ascending (tags arrive in order)
+	acked   []uint64  // settled by Ack, not yet sent: ascending
+	heldAt  time.Time // when the oldest ack behind an open tag was taken
 	closed  bool
 	frames  int // ack frames sent, for tests
 	settled int // deliveries those frames settled
@@ -56,19 +50,29 @@ type acker struct {
 
 func newAcker(ch *amqp.Channel, prefetch int) *acker {
 	a := &acker{
-		ch: ch, maxHeld: max(prefetch/4, 1), base: 1,
+		ch: ch, maxHeld: max(prefetch/4, 1),
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 	}
 	go a.run()
 	return a
 }
 
-func (a *acker) slot(tag uint64) int {
-	i := int(tag - a.base)
-	for len(a.state) <= i {
-		a.state = append(a.state, tagOpen)
+// delivered records tag as open; the consumer calls it before handing the
+// delivery on.
+func (a *acker) delivered(tag uint64) {
+	a.mu.Lock()
+	a.open = append(a.open, tag)
+	a.mu.Unlock()
+}
+
+// take removes tag from the open tags and reports whether it was open: a
+// tag settled twice is settled once.
+func (a *acker) take(tag uint64) bool {
+	i, ok := slices.BinarySearch(a.open, tag)
+	if ok {
+		a.open = slices.Delete(a.open, i, i+1)
 	}
-	return i
+	return ok
 }
 
 // ack settles tag; the frame goes out with the next flush.
@@ -78,13 +82,11 @@ func (a *acker) ack(tag uint64) error {
 		a.mu.Unlock()
 		return amqp.ErrClosed
 	}
-	if tag >= a.base {
-		a.state[a.slot(tag)] = tagAcked
-		if tag != a.base {
-			if a.held == 0 {
-				a.heldAt = time.Now()
-			}
-			a.held++
+	if a.take(tag) {
+		i, _ := slices.BinarySearch(a.acked, tag)
+		a.acked = slices.Insert(a.acked, i, tag)
+		if len(a.open) > 0 && tag > a.open[0] && a.heldAt.IsZero() {
+			a.heldAt = time.Now()
 		}
 	}
 	a.mu.Unlock()
@@ -99,19 +101,21 @@ func (a *acker) ack(tag uint64) error {
 func (a *acker) release(tag uint64) error {
 	a.mu.Lock()
 	closed := a.closed
+	_, open := slices.BinarySearch(a.open, tag)
 	a.mu.Unlock()
 	if closed {
 		return amqp.ErrClosed
 	}
-	// Sent before the tag is marked: until then it counts as open, and no
-	// multiple ack can cover it.
+	if !open {
+		return nil // settled already: a second nack would close the channel
+	}
+	// Sent before the tag leaves the open ones: until then no multiple ack
+	// can cover it.
 	if err := a.ch.Nack(tag, false, true); err != nil {
 		return err
 	}
 	a.mu.Lock()
-	if tag >= a.base {
-		a.state[a.slot(tag)] = tagSent
-	}
+	a.take(tag)
 	a.mu.Unlock()
 	select {
 	case a.wake <- struct{}{}:
@@ -148,50 +152,36 @@ func (a *acker) run() {
 	}
 }
 
-// flush sends what is due: one multiple ack over the settled prefix, and the
-// held acks behind an open tag once there are too many or they waited too
-// long (all of them when final). It returns how long until the held ones are
-// due, or zero when none are held.
+// flush sends what is due: one multiple ack over the acks below the oldest
+// open tag, and the acks held behind it once there are too many or they
+// waited too long (all of them when final). It returns how long until the
+// held ones are due, or zero when none are held.
 func (a *acker) flush(final bool) time.Duration {
 	a.mu.Lock()
+	n := len(a.acked) // acks below the oldest open tag
+	if len(a.open) > 0 {
+		n, _ = slices.BinarySearch(a.acked, a.open[0])
+	}
 	var upTo uint64
-	covered := 0
-	k := 0
-	for k < len(a.state) && a.state[k] != tagOpen {
-		if a.state[k] == tagAcked {
-			upTo = a.base + uint64(k)
-			covered++
-		}
-		k++
+	covered := n
+	if n > 0 {
+		upTo = a.acked[n-1]
 	}
-	a.base += uint64(k)
-	a.state = a.state[k:]
-	if len(a.state) == 0 {
-		a.state = a.state[:0:0] // let the drained array go
-	}
-	// Held acks that the prefix just covered no longer wait.
-	held := 0
-	for _, s := range a.state {
-		if s == tagAcked {
-			held++
-		}
-	}
-	a.held = held
+	held := a.acked[n:]
 	var singles []uint64
 	var wait time.Duration
-	if held > 0 {
+	if len(held) > 0 {
 		age := time.Since(a.heldAt)
-		if final || held >= a.maxHeld || age >= ackHold {
-			for i, s := range a.state {
-				if s == tagAcked {
-					a.state[i] = tagSent
-					singles = append(singles, a.base+uint64(i))
-				}
-			}
-			a.held = 0
+		if final || len(held) >= a.maxHeld || age >= ackHold {
+			singles = slices.Clone(held)
+			held = held[:0]
 		} else {
 			wait = ackHold - age
 		}
+	}
+	a.acked = append(a.acked[:0], held...)
+	if len(a.acked) == 0 {
+		a.heldAt = time.Time{}
 	}
 	if final {
 		a.closed = true

@@ -55,6 +55,7 @@ func TestAckerCoalescesButNeverCoversAnOpenDelivery(t *testing.T) {
 
 	var acks *acker
 	var releasedAgain bool
+	var settledOnes []broker.Delivery
 	for settled := 0; settled < n-1; {
 		var d broker.Delivery
 		select {
@@ -76,6 +77,7 @@ func TestAckerCoalescesButNeverCoversAnOpenDelivery(t *testing.T) {
 			if err := d.Ack(); err != nil {
 				t.Fatal(err)
 			}
+			settledOnes = append(settledOnes, d)
 			settled++
 		}
 	}
@@ -91,6 +93,27 @@ func TestAckerCoalescesButNeverCoversAnOpenDelivery(t *testing.T) {
 				t.Errorf("%d ack frames for %d deliveries: not coalesced", frames, settled)
 			}
 			t.Logf("%d ack frames settled %d deliveries", frames, settled)
+			acks.mu.Lock()
+			open, waiting := len(acks.open), len(acks.acked)
+			acks.mu.Unlock()
+			if open != 1 || waiting != 0 {
+				t.Errorf("the acker keeps %d open tags and %d unsent acks, want 1 and 0", open, waiting)
+			}
+			// Settling twice sends nothing twice (the broker would close
+			// the channel on an unknown tag).
+			for _, d := range settledOnes[:2] {
+				if err := d.Ack(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := settledOnes[2].Release(); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-settledOnes[0].Lost():
+				t.Fatal("the channel closed after deliveries were settled twice")
+			case <-time.After(100 * time.Millisecond):
+			}
 			break
 		}
 		if time.Now().After(deadline) {

@@ -96,6 +96,7 @@ func (s *Source) consume(ctx context.Context, sess *session, deliver func(broker
 			if !ok {
 				return fmt.Errorf("consumer of %s cancelled by the broker", s.queue)
 			}
+			acks.delivered(d.DeliveryTag)
 			deliver(newDelivery(d, origin, s.copy, lost, acks))
 		}
 	}
