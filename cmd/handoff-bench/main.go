@@ -225,7 +225,7 @@ func renderLatency(rows []latencyRow) string {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n## Latency under a paced load\n\nMessages are published at a fixed rate for %v into an empty queue while the consumer runs:\n"+
-		"half the baseline's drain rate above for both, and half the sidecar's own. Latency is from\n"+
+		"half the baseline's drain rate above for both, and a half and a quarter of the sidecar's own. Latency is from\n"+
 		"publish to the app's receipt.\n\n", pacedDuration)
 	b.WriteString("| run | paced msgs/s | p50 | p99 | note |\n|---|---:|---:|---:|---|\n")
 	for _, r := range rows {
