@@ -40,9 +40,10 @@ type Client struct {
 	topo Topology
 	log  *slog.Logger
 
-	mu      sync.Mutex
-	sess    *session
-	changed chan struct{} // closed and replaced whenever sess changes
+	mu       sync.Mutex
+	sess     *session
+	changed  chan struct{} // closed and replaced whenever sess changes
+	stopping bool          // Run is waiting for wg: no new watchers
 
 	wg sync.WaitGroup // consumer-channel watchers
 
@@ -82,7 +83,7 @@ func (c *Client) Run(ctx context.Context) error {
 			c.log.Warn("rabbitmq connect failed", "err", err, "retry_in", backoff)
 			select {
 			case <-ctx.Done():
-				c.wg.Wait()
+				c.stop()
 				return nil
 			case <-time.After(backoff):
 			}
@@ -96,7 +97,7 @@ func (c *Client) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			c.setSession(nil)
 			s.close()
-			c.wg.Wait()
+			c.stop()
 			return nil
 		case <-s.done:
 			c.setSession(nil)
@@ -104,6 +105,26 @@ func (c *Client) Run(ctx context.Context) error {
 			c.log.Warn("rabbitmq connection lost; unacked deliveries go back to the broker", "err", s.err())
 		}
 	}
+}
+
+// stop waits for the consumer-channel watchers; none start after it.
+func (c *Client) stop() {
+	c.mu.Lock()
+	c.stopping = true
+	c.mu.Unlock()
+	c.wg.Wait()
+}
+
+// track counts one more consumer-channel watcher, unless Run is stopping: a
+// WaitGroup must not grow from zero while it is being waited for.
+func (c *Client) track() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopping {
+		return false
+	}
+	c.wg.Add(1)
+	return true
 }
 
 // Connected reports whether a connection is up.

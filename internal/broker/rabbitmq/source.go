@@ -67,9 +67,12 @@ func (s *Source) consume(ctx context.Context, sess *session, deliver func(broker
 	// settled, and the broker has requeued them.
 	lost := make(chan struct{})
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	if !s.c.track() {
+		_ = ch.Close() // the client is stopping; nothing was delivered yet
+		return nil
+	}
 	acks := newAcker(ch, s.c.opts.Prefetch)
 	sess.addAcker(acks)
-	s.c.wg.Add(1)
 	go func() {
 		defer s.c.wg.Done()
 		err := <-closed
