@@ -2,8 +2,6 @@ package rabbitmq
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"io"
 	"log/slog"
 	"strconv"
@@ -21,18 +19,7 @@ import (
 func TestAckerCoalescesButNeverCoversAnOpenDelivery(t *testing.T) {
 	t.Parallel()
 	ch := channel(t)
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	q := "acker." + hex.EncodeToString(b[:])
-	if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cl := channel(t)
-		for _, name := range []string{q, RetryQueue(q), DeadLetterQueue(q)} {
-			_, _ = cl.QueueDelete(name, false, false, false)
-		}
-	})
+	q := sourceQueue(t, ch, "acker")
 	const n, open, released = 200, 150, 20
 	for i := range n {
 		if err := ch.PublishWithContext(t.Context(), "", q, false, false, amqp.Publishing{

@@ -63,20 +63,31 @@ func (b both) Consume(ctx context.Context, deliver func(broker.Delivery)) error 
 	return nil
 }
 
-func rabbitFixture(t *testing.T) brokertest.Fixture {
-	ch := channel(t)
+// sourceQueue declares a quorum queue with a unique name on ch, deleted with
+// its derived queues when the test ends.
+func sourceQueue(t *testing.T, ch *amqp.Channel, prefix string, tiers ...time.Duration) string {
+	t.Helper()
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	q := "contract." + hex.EncodeToString(b[:])
+	q := prefix + "." + hex.EncodeToString(b[:])
 	if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		cl := channel(t)
-		for _, name := range []string{q, RetryQueue(q), DeadLetterQueue(q), TierQueue(q, contractTier)} {
+		for _, name := range []string{q, RetryQueue(q), DeadLetterQueue(q)} {
 			_, _ = cl.QueueDelete(name, false, false, false)
 		}
+		for _, tier := range tiers {
+			_, _ = cl.QueueDelete(TierQueue(q, tier), false, false, false)
+		}
 	})
+	return q
+}
+
+func rabbitFixture(t *testing.T) brokertest.Fixture {
+	ch := channel(t)
+	q := sourceQueue(t, ch, "contract", contractTier)
 	return brokertest.Fixture{
 		Tier: contractTier,
 		Open: func(t *testing.T) (brokertest.Consumer, brokertest.Transferer, func()) {
