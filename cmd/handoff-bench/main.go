@@ -19,6 +19,8 @@ import (
 	"runtime"
 	"strings"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
 )
 
 func main() {
@@ -47,15 +49,18 @@ func main() {
 }
 
 type options struct {
-	n        int
-	sidecar  string
-	out      string
-	rabbit   string
-	kafka    string
-	self     string
-	skipSlow bool
-	profile  string // a directory for the sidecar runs' CPU profiles
-	only     string // rabbitmq or kafka: one broker's runs
+	n       int
+	sidecar string
+	out     string
+	rabbit  string
+	kafka   string
+	// kafkaName names the Kafka broker in row names: "Kafka", or "kfake"
+	// for the embedded one.
+	kafkaName string
+	self      string
+	skipSlow  bool
+	profile   string // a directory for the sidecar runs' CPU profiles
+	only      string // rabbitmq or kafka: one broker's runs
 }
 
 func runHarness(args []string) error {
@@ -65,6 +70,7 @@ func runHarness(args []string) error {
 	fs.StringVar(&o.sidecar, "sidecar", "bin/sidecar", "the sidecar binary")
 	fs.StringVar(&o.out, "out", "BENCH.md", "where to write the table")
 	fs.StringVar(&o.rabbit, "rabbitmq", envOr("HANDOFF_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
+	o.kafkaName = "Kafka"
 	fs.StringVar(&o.kafka, "kafka", envOr("HANDOFF_KAFKA_BROKERS", "127.0.0.1:19092"), "Kafka bootstrap broker")
 	fs.BoolVar(&o.skipSlow, "skip-slow", false, "leave out journal.sync: always and ordering: partition (slow by design)")
 	fs.StringVar(&o.profile, "profile", "", "write each sidecar run's CPU profile (pprof) into this directory")
@@ -150,6 +156,21 @@ func runHarness(args []string) error {
 		r, err = kafkaSidecar(o, "none", false, true)
 		r.vsBase = ratio(r.rate, kbase.rate)
 		add(r, err)
+
+		// The extra column: franz-go's embedded broker, in this process.
+		cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
+		if err != nil {
+			add(row{name: "kfake"}, err)
+		} else {
+			ko := o
+			ko.kafka, ko.kafkaName = cluster.ListenAddrs()[0], "kfake"
+			fbase, err := kafkaBaseline(ko)
+			add(fbase, err)
+			r, err := kafkaSidecar(ko, "none", false, false)
+			r.vsBase = ratio(r.rate, fbase.rate)
+			add(r, err)
+			cluster.Close()
+		}
 	}
 
 	md := render(o, rows, ceil.rate, time.Since(started)) + renderLatency(lat)
@@ -203,7 +224,8 @@ func render(o options, rows []row, ceil float64, took time.Duration) string {
 		"baseline (prefetch 256 or a poll loop, 64 workers posting over pooled keep-alive connections, ack or\n" +
 		"commit on 2xx). The ceiling is the same app driven by a plain load loop of 64 workers, no broker.\n" +
 		"*mixed* runs answer 10% of messages 500 on their first attempt and 1% 422: *calls/msg* is the\n" +
-		"amplification, and every message ends handled or dead-lettered.\n\n")
+		"amplification, and every message ends handled or dead-lettered. The *kfake* rows run on franz-go's\n" +
+		"embedded broker, inside the harness process, with the data in memory.\n\n")
 	b.WriteString("| run | msgs/s | calls/msg | CPU s / 10k msgs | peak RSS MB | × baseline | × ceiling | note |\n")
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, r := range rows {

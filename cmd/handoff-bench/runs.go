@@ -414,7 +414,7 @@ func kafkaTopic(o options, name string) (string, func(), error) {
 }
 
 func kafkaBaseline(o options) (row, error) {
-	name := "Kafka baseline (hand-written franz-go)"
+	name := o.kafkaName + " baseline (hand-written franz-go)"
 	topic, cleanup, err := kafkaTopic(o, "baseline")
 	if err != nil {
 		return row{name: name}, err
@@ -426,7 +426,7 @@ func kafkaBaseline(o options) (row, error) {
 }
 
 func kafkaSidecar(o options, ordering string, mixed, batch bool) (row, error) {
-	name := sidecarName("Kafka sidecar, ordering "+ordering+", journal batch", mixed, batch)
+	name := sidecarName(o.kafkaName+" sidecar, ordering "+ordering+", journal batch", mixed, batch)
 	topic, cleanup, err := kafkaTopic(o, "sidecar")
 	if err != nil {
 		return row{name: name}, err
