@@ -112,7 +112,13 @@ func runBaselineKafka(args []string) error {
 	for range *workers {
 		go func() {
 			for r := range work {
-				for !post(client, *app, string(r.Key), r.Value) {
+				var sent string
+				for _, h := range r.Headers {
+					if h.Key == "x-sent" {
+						sent = string(h.Value)
+					}
+				}
+				for !postSent(client, *app, string(r.Key), sent, r.Value) {
 				}
 				batch.Done()
 			}

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"os/exec"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // latencyRow is one paced run: messages published at a fixed rate into an
@@ -28,21 +30,43 @@ const pacedDuration = 15 * time.Second
 // rabbitLatency runs the consumer that start builds against an empty queue
 // while messages are published at rate, and reads the app's latencies.
 func rabbitLatency(o options, name string, rate float64, start func(a *app, q string) (*exec.Cmd, func(), error)) (latencyRow, error) {
-	r := latencyRow{name: name, rate: rate}
 	saved := o.n
 	o.n = 0
 	q, cleanup, err := rabbitQueue(o, "latency")
 	o.n = saved
 	if err != nil {
-		return r, err
+		return latencyRow{name: name, rate: rate}, err
 	}
 	defer cleanup()
+	return paced(o, name, rate, time.Second, func() (int, error) { return publishPaced(o, q, rate, pacedDuration) },
+		func(a *app) (*exec.Cmd, func(), error) { return start(a, q) })
+}
+
+// kafkaLatency is rabbitLatency on an empty Kafka topic.
+func kafkaLatency(o options, name string, rate float64, start func(a *app, topic string) (*exec.Cmd, func(), error)) (latencyRow, error) {
+	saved := o.n
+	o.n = 0
+	topic, cleanup, err := kafkaTopic(o, "latency")
+	o.n = saved
+	if err != nil {
+		return latencyRow{name: name, rate: rate}, err
+	}
+	defer cleanup()
+	// A new group takes a few seconds to join.
+	return paced(o, name, rate, 5*time.Second, func() (int, error) { return producePaced(o, topic, rate, pacedDuration) },
+		func(a *app) (*exec.Cmd, func(), error) { return start(a, topic) })
+}
+
+// paced starts an app and the consumer, lets the consumer settle in, runs
+// publish, and reads the app's latencies once every message arrived.
+func paced(o options, name string, rate float64, settle time.Duration, publish func() (int, error), start func(a *app) (*exec.Cmd, func(), error)) (latencyRow, error) {
+	r := latencyRow{name: name, rate: rate}
 	a, err := startApp(o.self, false)
 	if err != nil {
 		return r, err
 	}
 	defer a.stop()
-	cmd, rm, err := start(a, q)
+	cmd, rm, err := start(a)
 	if err != nil {
 		return r, err
 	}
@@ -58,8 +82,8 @@ func rabbitLatency(o options, name string, rate float64, start func(a *app, q st
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		<-done
 	}()
-	time.Sleep(time.Second) // connected and consuming
-	n, err := publishPaced(o, q, rate, pacedDuration)
+	time.Sleep(settle) // connected and consuming
+	n, err := publish()
 	if err != nil {
 		return r, err
 	}
@@ -71,6 +95,68 @@ func rabbitLatency(o options, name string, rate float64, start func(a *app, q st
 	}
 	r.p50, r.p99 = time.Duration(st.P50Micros)*time.Microsecond, time.Duration(st.P99Micros)*time.Microsecond
 	return r, nil
+}
+
+// producePaced produces at rate for d, each record stamped with its produce
+// time, and returns how many the broker acknowledged.
+func producePaced(o options, topic string, rate float64, d time.Duration) (int, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(o.kafka), kgo.ProducerLinger(0))
+	if err != nil {
+		return 0, err
+	}
+	defer cl.Close()
+	body := bodies(5)
+	var wg sync.WaitGroup
+	var failed atomic.Value
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	ctx := context.Background()
+	start := time.Now()
+	n := 0
+	for now := range t.C {
+		if now.Sub(start) >= d {
+			break
+		}
+		for want := int(now.Sub(start).Seconds() * rate); n < want; n++ {
+			id := fmt.Sprint("l-", n)
+			wg.Add(1)
+			cl.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte(id), Value: body(id), Headers: []kgo.RecordHeader{
+				{Key: "ce_id", Value: []byte(id)},
+				{Key: "x-sent", Value: []byte(strconv.FormatInt(time.Now().UnixNano(), 10))},
+			}}, func(_ *kgo.Record, err error) {
+				if err != nil {
+					failed.Store(err)
+				}
+				wg.Done()
+			})
+		}
+	}
+	wg.Wait()
+	if err, _ := failed.Load().(error); err != nil {
+		return n, fmt.Errorf("produce: %w", err)
+	}
+	return n, nil
+}
+
+// kafkaLatencyRows is rabbitLatencyRows on Kafka.
+func kafkaLatencyRows(o options, baseRate, sidecarRate float64) []latencyRow {
+	baseline := func(a *app, topic string) (*exec.Cmd, func(), error) {
+		return exec.Command(o.self, "baseline-kafka", "-brokers", o.kafka, "-topic", topic, "-group", topic+"-g", "-app", a.url), func() {}, nil
+	}
+	sidecar := func(a *app, topic string) (*exec.Cmd, func(), error) {
+		path, rm, err := sidecarConfig(a.url, fmt.Sprintf("kafka: {brokers: [%q], topic: %q, group: %q}", o.kafka, topic, topic+"-g"), "batch", false)
+		if err != nil {
+			return nil, nil, err
+		}
+		return exec.Command(o.sidecar, "run", "--config", path), rm, nil
+	}
+	return latencyPairs("Kafka baseline (hand-written franz-go)", "Kafka sidecar, ordering none, journal batch", baseRate, sidecarRate,
+		func(name string, rate float64, sidecarRun bool) (latencyRow, error) {
+			if sidecarRun {
+				return kafkaLatency(o, name, rate, sidecar)
+			}
+			return kafkaLatency(o, name, rate, baseline)
+		})
 }
 
 // publishPaced publishes at rate for d, each message stamped with its
@@ -134,10 +220,32 @@ func publishPaced(o options, q string, rate float64, d time.Duration) (int, erro
 	return n, nil
 }
 
-// rabbitLatencyRows runs the baseline and the sidecar at half the baseline's
-// drain rate (the same load), and the sidecar at half its own.
+// rabbitLatencyRows runs the baseline and the sidecar in pairs at the same
+// load: half the baseline's drain rate, then a quarter of the sidecar's,
+// which both sustain while a publisher shares the cores.
 func rabbitLatencyRows(o options, baseRate, sidecarRate float64) []latencyRow {
-	rate := baseRate / 2
+	baseline := func(a *app, q string) (*exec.Cmd, func(), error) {
+		return exec.Command(o.self, "baseline-rabbit", "-url", o.rabbit, "-queue", q, "-app", a.url), func() {}, nil
+	}
+	sidecar := func(a *app, q string) (*exec.Cmd, func(), error) {
+		path, rm, err := sidecarConfig(a.url, fmt.Sprintf("rabbitmq: {url: %q, queue: %q, prefetch: 256}", o.rabbit, q), "batch", false)
+		if err != nil {
+			return nil, nil, err
+		}
+		return exec.Command(o.sidecar, "run", "--config", path), rm, nil
+	}
+	return latencyPairs("RabbitMQ baseline (hand-written amqp091-go)", "RabbitMQ sidecar, journal batch", baseRate, sidecarRate,
+		func(name string, rate float64, sidecarRun bool) (latencyRow, error) {
+			if sidecarRun {
+				return rabbitLatency(o, name, rate, sidecar)
+			}
+			return rabbitLatency(o, name, rate, baseline)
+		})
+}
+
+// latencyPairs runs a baseline row and a sidecar row at half the baseline's
+// drain rate, then again at a quarter of the sidecar's.
+func latencyPairs(baseName, sidecarName string, baseRate, sidecarRate float64, run func(name string, rate float64, sidecar bool) (latencyRow, error)) []latencyRow {
 	var rows []latencyRow
 	add := func(r latencyRow, err error) {
 		if err != nil {
@@ -146,22 +254,11 @@ func rabbitLatencyRows(o options, baseRate, sidecarRate float64) []latencyRow {
 		fmt.Printf("%-44s paced %6.0f msg/s  p50 %8v  p99 %8v  %s\n", r.name, r.rate, r.p50, r.p99, r.note)
 		rows = append(rows, r)
 	}
-	add(rabbitLatency(o, "RabbitMQ baseline (hand-written amqp091-go)", rate, func(a *app, q string) (*exec.Cmd, func(), error) {
-		return exec.Command(o.self, "baseline-rabbit", "-url", o.rabbit, "-queue", q, "-app", a.url), func() {}, nil
-	}))
-	sidecar := func(a *app, q string) (*exec.Cmd, func(), error) {
-		path, rm, err := sidecarConfig(a.url, fmt.Sprintf("rabbitmq: {url: %q, queue: %q, prefetch: 256}", o.rabbit, q), "batch", false)
-		if err != nil {
-			return nil, nil, err
-		}
-		return exec.Command(o.sidecar, "run", "--config", path), rm, nil
-	}
-	add(rabbitLatency(o, "RabbitMQ sidecar, journal batch", rate, sidecar))
+	add(run(baseName+", half its drain rate", baseRate/2, false))
+	add(run(sidecarName+", same load", baseRate/2, true))
 	if sidecarRate > 0 {
-		// Its drain rate was measured on a preloaded queue; with a publisher
-		// on the same cores it saturates sooner, hence a quarter as well.
-		add(rabbitLatency(o, "RabbitMQ sidecar, journal batch, at half its own rate", sidecarRate/2, sidecar))
-		add(rabbitLatency(o, "RabbitMQ sidecar, journal batch, at a quarter of its own rate", sidecarRate/4, sidecar))
+		add(run(baseName+", a quarter of the sidecar's drain rate", sidecarRate/4, false))
+		add(run(sidecarName+", same load", sidecarRate/4, true))
 	}
 	return rows
 }

@@ -146,10 +146,17 @@ func runHarness(args []string) error {
 		if o.skipSlow {
 			orderings = orderings[:2]
 		}
+		var single float64 // the sidecar's rate, ordering none
 		for _, ord := range orderings {
 			r, err := kafkaSidecar(o, ord, false, false)
 			r.vsBase = ratio(r.rate, kbase.rate)
 			add(r, err)
+			if ord == "none" {
+				single = r.rate
+			}
+		}
+		if kbase.rate > 0 {
+			lat = append(lat, kafkaLatencyRows(o, kbase.rate, single)...)
 		}
 		r, err := kafkaSidecar(o, "none", true, false)
 		add(r, err)
@@ -246,15 +253,22 @@ func renderLatency(rows []latencyRow) string {
 		return ""
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n## Latency under a paced load\n\nMessages are published at a fixed rate for %v into an empty queue while the consumer runs:\n"+
-		"half the baseline's drain rate above for both, and a half and a quarter of the sidecar's own. Latency is from\n"+
-		"publish to the app's receipt.\n\n", pacedDuration)
+	fmt.Fprintf(&b, "\n## Latency under a paced load\n\nMessages are published at a fixed rate for %v into an empty queue or topic while the\n"+
+		"consumer runs, the baseline and the sidecar in pairs at the same load: half the baseline's drain\n"+
+		"rate above, then a quarter of the sidecar's (with a publisher sharing the cores, half of a drain\n"+
+		"rate can already be more than a consumer sustains). Latency is from publish to the app's receipt.\n\n", pacedDuration)
 	b.WriteString("| run | paced msgs/s | p50 | p99 | note |\n|---|---:|---:|---:|---|\n")
 	for _, r := range rows {
 		fmt.Fprintf(&b, "| %s | %.0f | %v | %v | %s |\n", r.name, r.rate, r.p50, r.p99, r.note)
 	}
-	if len(rows) >= 2 && rows[0].note == "" && rows[1].note == "" {
-		fmt.Fprintf(&b, "\nAdded p99 at the same load: %v.\n", rows[1].p99-rows[0].p99)
+	// Each baseline row is followed by the sidecar at the same load.
+	for i := 0; i+1 < len(rows); i++ {
+		base, side := rows[i], rows[i+1]
+		if !strings.Contains(base.name, "baseline") || base.rate != side.rate || base.note != "" || side.note != "" {
+			continue
+		}
+		broker, _, _ := strings.Cut(base.name, " ")
+		fmt.Fprintf(&b, "\nAdded p99, %s at %.0f msgs/s: %v.\n", broker, base.rate, side.p99-base.p99)
 	}
 	return b.String()
 }
