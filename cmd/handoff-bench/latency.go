@@ -1,14 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"os/exec"
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -29,7 +26,7 @@ const pacedDuration = 15 * time.Second
 
 // rabbitLatency runs the consumer that start builds against an empty queue
 // while messages are published at rate, and reads the app's latencies.
-func rabbitLatency(o options, name string, rate float64, start func(a *app, q string) (*exec.Cmd, func(), error)) (latencyRow, error) {
+func rabbitLatency(o options, name string, rate float64, start func(q string) starter) (latencyRow, error) {
 	saved := o.n
 	o.n = 0
 	q, cleanup, err := rabbitQueue(o, "latency")
@@ -38,12 +35,11 @@ func rabbitLatency(o options, name string, rate float64, start func(a *app, q st
 		return latencyRow{name: name, rate: rate}, err
 	}
 	defer cleanup()
-	return paced(o, name, rate, time.Second, func() (int, error) { return publishPaced(o, q, rate, pacedDuration) },
-		func(a *app) (*exec.Cmd, func(), error) { return start(a, q) })
+	return paced(o, name, rate, time.Second, func() (int, error) { return publishPaced(o, q, rate, pacedDuration) }, start(q))
 }
 
 // kafkaLatency is rabbitLatency on an empty Kafka topic.
-func kafkaLatency(o options, name string, rate float64, start func(a *app, topic string) (*exec.Cmd, func(), error)) (latencyRow, error) {
+func kafkaLatency(o options, name string, rate float64, start func(topic string) starter) (latencyRow, error) {
 	saved := o.n
 	o.n = 0
 	topic, cleanup, err := kafkaTopic(o, "latency")
@@ -53,13 +49,12 @@ func kafkaLatency(o options, name string, rate float64, start func(a *app, topic
 	}
 	defer cleanup()
 	// A new group takes a few seconds to join.
-	return paced(o, name, rate, 5*time.Second, func() (int, error) { return producePaced(o, topic, rate, pacedDuration) },
-		func(a *app) (*exec.Cmd, func(), error) { return start(a, topic) })
+	return paced(o, name, rate, 5*time.Second, func() (int, error) { return producePaced(o, topic, rate, pacedDuration) }, start(topic))
 }
 
 // paced starts an app and the consumer, lets the consumer settle in, runs
 // publish, and reads the app's latencies once every message arrived.
-func paced(o options, name string, rate float64, settle time.Duration, publish func() (int, error), start func(a *app) (*exec.Cmd, func(), error)) (latencyRow, error) {
+func paced(o options, name string, rate float64, settle time.Duration, publish func() (int, error), start starter) (latencyRow, error) {
 	r := latencyRow{name: name, rate: rate}
 	a, err := startApp(o.self, false)
 	if err != nil {
@@ -71,27 +66,20 @@ func paced(o options, name string, rate float64, settle time.Duration, publish f
 		return r, err
 	}
 	defer rm()
-	var logs bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
+	p, err := startProc(cmd)
+	if err != nil {
 		return r, err
 	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	defer func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		<-done
-	}()
+	defer p.stop()
 	time.Sleep(settle) // connected and consuming
 	n, err := publish()
 	if err != nil {
 		return r, err
 	}
-	st, err := a.waitDone(n, 2*time.Minute, done)
+	st, err := a.waitDone(n, 2*time.Minute, p.done)
 	if err != nil {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		<-done
-		return r, fmt.Errorf("%w; log tail: %s", err, tail(logs.String()))
+		p.stop()
+		return r, fmt.Errorf("%w; log tail: %s", err, tail(p.logs.String()))
 	}
 	r.p50, r.p99 = time.Duration(st.P50Micros)*time.Microsecond, time.Duration(st.P99Micros)*time.Microsecond
 	return r, nil
@@ -140,22 +128,14 @@ func producePaced(o options, topic string, rate float64, d time.Duration) (int, 
 
 // kafkaLatencyRows is rabbitLatencyRows on Kafka.
 func kafkaLatencyRows(o options, baseRate, sidecarRate float64) []latencyRow {
-	baseline := func(a *app, topic string) (*exec.Cmd, func(), error) {
-		return exec.Command(o.self, "baseline-kafka", "-brokers", o.kafka, "-topic", topic, "-group", topic+"-g", "-app", a.url), func() {}, nil
-	}
-	sidecar := func(a *app, topic string) (*exec.Cmd, func(), error) {
-		path, rm, err := sidecarConfig(a.url, fmt.Sprintf("kafka: {brokers: [%q], topic: %q, group: %q}", o.kafka, topic, topic+"-g"), "batch", false)
-		if err != nil {
-			return nil, nil, err
-		}
-		return exec.Command(o.sidecar, "run", "--config", path), rm, nil
-	}
 	return latencyPairs("Kafka baseline (hand-written franz-go)", "Kafka sidecar, ordering none, journal batch", baseRate, sidecarRate,
-		func(name string, rate float64, sidecarRun bool) (latencyRow, error) {
-			if sidecarRun {
-				return kafkaLatency(o, name, rate, sidecar)
-			}
-			return kafkaLatency(o, name, rate, baseline)
+		func(name string, rate float64, sidecar bool) (latencyRow, error) {
+			return kafkaLatency(o, name, rate, func(topic string) starter {
+				if sidecar {
+					return sidecarStarter(o, name, kafkaSource(o, topic, "none"), "batch", false)
+				}
+				return kafkaBaselineCmd(o, topic)
+			})
 		})
 }
 
@@ -224,22 +204,14 @@ func publishPaced(o options, q string, rate float64, d time.Duration) (int, erro
 // load: half the baseline's drain rate, then a quarter of the sidecar's,
 // which both sustain while a publisher shares the cores.
 func rabbitLatencyRows(o options, baseRate, sidecarRate float64) []latencyRow {
-	baseline := func(a *app, q string) (*exec.Cmd, func(), error) {
-		return exec.Command(o.self, "baseline-rabbit", "-url", o.rabbit, "-queue", q, "-app", a.url), func() {}, nil
-	}
-	sidecar := func(a *app, q string) (*exec.Cmd, func(), error) {
-		path, rm, err := sidecarConfig(a.url, fmt.Sprintf("rabbitmq: {url: %q, queue: %q, prefetch: 256}", o.rabbit, q), "batch", false)
-		if err != nil {
-			return nil, nil, err
-		}
-		return exec.Command(o.sidecar, "run", "--config", path), rm, nil
-	}
 	return latencyPairs("RabbitMQ baseline (hand-written amqp091-go)", "RabbitMQ sidecar, journal batch", baseRate, sidecarRate,
-		func(name string, rate float64, sidecarRun bool) (latencyRow, error) {
-			if sidecarRun {
-				return rabbitLatency(o, name, rate, sidecar)
-			}
-			return rabbitLatency(o, name, rate, baseline)
+		func(name string, rate float64, sidecar bool) (latencyRow, error) {
+			return rabbitLatency(o, name, rate, func(q string) starter {
+				if sidecar {
+					return sidecarStarter(o, name, rabbitSource(o, q, 256), "batch", false)
+				}
+				return rabbitBaselineCmd(o, q)
+			})
 		})
 }
 

@@ -142,24 +142,15 @@ func ceiling(url string, n int) row {
 // consumer runs a consumer process until the app has seen every message end.
 func consumer(name string, a *app, n int, cmd *exec.Cmd) (row, error) {
 	r := row{name: name}
-	var logs bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
+	p, err := startProc(cmd)
+	if err != nil {
 		return r, err
 	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	st, waitErr := a.waitDone(n, 10*time.Minute, done)
+	st, waitErr := a.waitDone(n, 10*time.Minute, p.done)
 	hwm, hwmErr := peakRSS(cmd.Process.Pid)
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		_ = cmd.Process.Kill()
-		<-done
-	}
+	p.stop()
 	if waitErr != nil {
-		return r, fmt.Errorf("%w; log tail: %s", waitErr, tail(logs.String()))
+		return r, fmt.Errorf("%w; log tail: %s", waitErr, tail(p.logs.String()))
 	}
 	r.rate = st.rate(n)
 	r.calls = float64(st.Calls) / float64(n)
@@ -174,6 +165,34 @@ func consumer(name string, a *app, n int, cmd *exec.Cmd) (row, error) {
 		r.note = "no peak RSS: " + hwmErr.Error()
 	}
 	return r, nil
+}
+
+// proc is a running consumer process with its output kept for errors.
+type proc struct {
+	cmd  *exec.Cmd
+	logs bytes.Buffer
+	done chan struct{} // closed once it exited
+}
+
+func startProc(cmd *exec.Cmd) (*proc, error) {
+	p := &proc{cmd: cmd, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = &p.logs, &p.logs
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	return p, nil
+}
+
+// stop asks the process to exit and waits for it, killing it after 30s.
+func (p *proc) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
 }
 
 // peakRSS reads a running process's peak resident set (VmHWM), in KiB.
@@ -272,9 +291,43 @@ func rabbitBaseline(o options) (row, error) {
 		return row{name: name}, err
 	}
 	defer cleanup()
-	return runConsumer(o, name, false, func(a *app) (*exec.Cmd, func(), error) {
+	return runConsumer(o, name, false, rabbitBaselineCmd(o, q))
+}
+
+// starter builds the consumer process for an app, with what removes its
+// files afterwards.
+type starter func(a *app) (*exec.Cmd, func(), error)
+
+func rabbitBaselineCmd(o options, q string) starter {
+	return func(a *app) (*exec.Cmd, func(), error) {
 		return exec.Command(o.self, "baseline-rabbit", "-url", o.rabbit, "-queue", q, "-app", a.url), func() {}, nil
-	})
+	}
+}
+
+func kafkaBaselineCmd(o options, topic string) starter {
+	return func(a *app) (*exec.Cmd, func(), error) {
+		return exec.Command(o.self, "baseline-kafka", "-brokers", o.kafka, "-topic", topic, "-group", topic+"-g", "-app", a.url), func() {}, nil
+	}
+}
+
+// sidecarStarter runs the sidecar binary on one source; run names its
+// profile.
+func sidecarStarter(o options, run, source, sync string, batch bool) starter {
+	return func(a *app) (*exec.Cmd, func(), error) {
+		path, rm, err := sidecarConfig(a.url, source, sync, batch)
+		if err != nil {
+			return nil, nil, err
+		}
+		return sidecarCmd(o, path, strings.ReplaceAll(run, " ", "")), rm, nil
+	}
+}
+
+func rabbitSource(o options, q string, prefetch int) string {
+	return fmt.Sprintf("rabbitmq: {url: %q, queue: %q, prefetch: %d}", o.rabbit, q, prefetch)
+}
+
+func kafkaSource(o options, topic, ordering string) string {
+	return fmt.Sprintf("kafka: {brokers: [%q], topic: %q, group: %q, ordering: %s}", o.kafka, topic, topic+"-g", ordering)
 }
 
 // batchSize is the batch-delivery column's max_messages; four batches may
@@ -317,7 +370,7 @@ func rabbitSidecar(o options, sync string, mixed, batch bool) (row, error) {
 	if batch {
 		prefetch = 8 * batchSize
 	}
-	return sidecarRun(o, name, fmt.Sprintf("rabbitmq: {url: %q, queue: %q, prefetch: %d}", o.rabbit, q, prefetch), sync, mixed, batch)
+	return runConsumer(o, name, mixed, sidecarStarter(o, name, rabbitSource(o, q, prefetch), sync, batch))
 }
 
 func sidecarName(base string, mixed, batch bool) string {
@@ -330,20 +383,9 @@ func sidecarName(base string, mixed, batch bool) string {
 	return base
 }
 
-// sidecarRun runs the sidecar binary on one source.
-func sidecarRun(o options, name, source, sync string, mixed, batch bool) (row, error) {
-	return runConsumer(o, name, mixed, func(a *app) (*exec.Cmd, func(), error) {
-		path, rm, err := sidecarConfig(a.url, source, sync, batch)
-		if err != nil {
-			return nil, nil, err
-		}
-		return sidecarCmd(o, path, strings.ReplaceAll(name, " ", "")), rm, nil
-	})
-}
-
 // runConsumer starts the app and the consumer process that build makes for
 // it, until the app has seen every message end.
-func runConsumer(o options, name string, mixed bool, build func(a *app) (*exec.Cmd, func(), error)) (row, error) {
+func runConsumer(o options, name string, mixed bool, build starter) (row, error) {
 	a, err := startApp(o.self, mixed)
 	if err != nil {
 		return row{name: name}, err
@@ -420,9 +462,7 @@ func kafkaBaseline(o options) (row, error) {
 		return row{name: name}, err
 	}
 	defer cleanup()
-	return runConsumer(o, name, false, func(a *app) (*exec.Cmd, func(), error) {
-		return exec.Command(o.self, "baseline-kafka", "-brokers", o.kafka, "-topic", topic, "-group", topic+"-g", "-app", a.url), func() {}, nil
-	})
+	return runConsumer(o, name, false, kafkaBaselineCmd(o, topic))
 }
 
 func kafkaSidecar(o options, ordering string, mixed, batch bool) (row, error) {
@@ -432,5 +472,5 @@ func kafkaSidecar(o options, ordering string, mixed, batch bool) (row, error) {
 		return row{name: name}, err
 	}
 	defer cleanup()
-	return sidecarRun(o, name, fmt.Sprintf("kafka: {brokers: [%q], topic: %q, group: %q, ordering: %s}", o.kafka, topic, topic+"-g", ordering), "batch", mixed, batch)
+	return runConsumer(o, name, mixed, sidecarStarter(o, name, kafkaSource(o, topic, ordering), "batch", batch))
 }
