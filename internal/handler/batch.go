@@ -80,21 +80,35 @@ func (b *Batcher) Deliver(ctx context.Context, r *Request) Result {
 	}
 }
 
+// collect gathers batches. The app answers each event by its id, so a batch
+// never holds two attempts with the same event id (two sources, or two
+// replays, can share one): the second opens the next batch, or one answer
+// would settle both.
 func (b *Batcher) collect() {
 	defer close(b.stopped)
+	var next *pending // opens the next batch
 	for {
-		var first *pending
-		select {
-		case first = <-b.in:
-		case <-b.stop:
-			return
+		first := next
+		next = nil
+		if first == nil {
+			select {
+			case first = <-b.in:
+			case <-b.stop:
+				return
+			}
 		}
 		batch := []*pending{first}
+		ids := map[string]bool{first.r.EventID: true}
 		t := time.NewTimer(b.wait)
 	fill:
 		for len(batch) < b.max {
 			select {
 			case p := <-b.in:
+				if ids[p.r.EventID] {
+					next = p
+					break fill
+				}
+				ids[p.r.EventID] = true
 				batch = append(batch, p)
 			case <-t.C:
 				break fill
@@ -175,18 +189,27 @@ func (b *Batcher) send(batch []*pending) {
 		return
 	}
 	byID := make(map[string]batchResult, len(parsed.Results))
+	twice := map[string]bool{}
 	for _, r := range parsed.Results {
+		if _, seen := byID[r.ID]; seen {
+			twice[r.ID] = true // a batch never holds an id twice: which is meant?
+		}
 		byID[r.ID] = r
 	}
 	latency := end.Sub(start)
 	for _, p := range batch {
 		r, ok := byID[p.r.EventID]
-		if !ok {
+		switch {
+		case !ok:
 			p.res <- Result{Outcome: budget.Unknown, Status: resp.StatusCode, Latency: latency,
 				Detail: "the batch response has no result for this event"}
-			continue
+		case twice[p.r.EventID]:
+			// Which answer is this event's cannot be known.
+			p.res <- Result{Outcome: budget.Unknown, Status: resp.StatusCode, Latency: latency,
+				Detail: "the batch response has two results for this event"}
+		default:
+			p.res <- h.eventResult(r, resp.StatusCode, end, latency)
 		}
-		p.res <- h.eventResult(r, resp.StatusCode, end, latency)
 	}
 }
 

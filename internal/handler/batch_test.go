@@ -182,3 +182,49 @@ func TestBatchAppDownIsUnreachable(t *testing.T) {
 		t.Errorf("app down: %v (%s), want unreachable", r.Outcome, r.Detail)
 	}
 }
+
+// Two attempts with one event id (from two sources, say) never share a batch:
+// the app answers by id, and one answer must not settle both.
+func TestBatchNeverHoldsAnEventIDTwice(t *testing.T) {
+	var requests atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		var events []map[string]any
+		_ = json.NewDecoder(r.Body).Decode(&events)
+		var results []map[string]any
+		for _, e := range events {
+			status := 200
+			if e["source"] == "urn:failing" {
+				status = 503
+			}
+			results = append(results, map[string]any{"id": e["id"], "status": status})
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"results": results})
+	}))
+	t.Cleanup(srv.Close)
+	b := NewBatcher(newClient(t, srv.URL, 8), 4, 100*time.Millisecond)
+	defer b.Close()
+	failing, fine := attempt("o-1", nil, ""), attempt("o-1", nil, "")
+	failing.Source = "urn:failing"
+	res := deliverAll(b, failing, fine)
+	if n := requests.Load(); n != 2 {
+		t.Errorf("%d requests for two attempts of one event id, want 2", n)
+	}
+	if res[0].Outcome != budget.Overload || res[1].Outcome != budget.Success {
+		t.Fatalf("outcomes %v and %v, want overload for the failing source and success for the other", res[0].Outcome, res[1].Outcome)
+	}
+}
+
+// An answer that names an event twice is no answer for it.
+func TestBatchResponseNamingAnEventTwiceIsUnknown(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, `{"results":[{"id":"o-1","status":503},{"id":"o-1","status":200},{"id":"o-2","status":200}]}`)
+	}))
+	t.Cleanup(srv.Close)
+	b := NewBatcher(newClient(t, srv.URL, 8), 2, 100*time.Millisecond)
+	defer b.Close()
+	res := deliverAll(b, attempt("o-1", nil, ""), attempt("o-2", nil, ""))
+	if res[0].Outcome != budget.Unknown || res[1].Outcome != budget.Success {
+		t.Fatalf("outcomes %v (%s) and %v, want unknown and success", res[0].Outcome, res[0].Detail, res[1].Outcome)
+	}
+}
