@@ -429,8 +429,15 @@ func (h *handoff) acquire(ctx context.Context, first bool) bool {
 		var wake, probe <-chan struct{}
 		var timer <-chan time.Time
 		var stop func() bool
-		fresh := e.fresh.openChan()
-		switch d := time.Duration(e.overloadUntil.Load() - e.now().UnixNano()); {
+		var fresh <-chan struct{} // only first attempts wait for fresh intake
+		if first {
+			fresh = e.fresh.openChan()
+		}
+		var d time.Duration // an app's Retry-After still holding every call
+		if until := e.overloadUntil.Load(); until != 0 {
+			d = time.Duration(until - e.now().UnixNano())
+		}
+		switch {
 		case first && !isClosed(fresh):
 			// Paused: wait for intake to resume or for a probe turn.
 			wake, probe = fresh, e.fresh.probe

@@ -450,15 +450,13 @@ func index(open, settled *bolt.Bucket, key []byte, rec *Record) error {
 				}
 			}
 		}
-		k := binary.BigEndian.AppendUint64(make([]byte, 0, 8+len(key)), uint64(rec.At.UnixNano()))
-		return settled.Put(append(k, key...), nil)
+		return settled.Put(append(appendTime(make([]byte, 0, 8+len(key)), rec.At), key...), nil)
 	}
 	return nil
 }
 
 func openValue(at time.Time, hop int) []byte {
-	v := binary.BigEndian.AppendUint64(make([]byte, 0, 8+binary.MaxVarintLen64), uint64(at.UnixNano()))
-	return binary.AppendUvarint(v, uint64(hop))
+	return binary.AppendUvarint(appendTime(make([]byte, 0, 8+binary.MaxVarintLen64), at), uint64(hop))
 }
 
 func parseOpenValue(v []byte) (time.Time, int, bool) {
@@ -472,8 +470,9 @@ func parseOpenValue(v []byte) (time.Time, int, bool) {
 	return time.Unix(0, int64(binary.BigEndian.Uint64(v[:8]))), int(hop), true
 }
 
-func timeBytes(t time.Time) []byte {
-	return binary.BigEndian.AppendUint64(nil, uint64(t.UnixNano()))
+// appendTime appends t as big-endian Unix nanoseconds, which sort by time.
+func appendTime(dst []byte, t time.Time) []byte {
+	return binary.BigEndian.AppendUint64(dst, uint64(t.UnixNano()))
 }
 
 // Close stops accepting records, commits every queued one, stops compaction
