@@ -259,34 +259,12 @@ func (h *HTTP) eventResult(r batchResult, status int, now time.Time, latency tim
 func structured(r *Request) event {
 	m := r.Message
 	e := event{"specversion": SpecVersion, "id": r.EventID}
-	contentType := m.ContentType
-	for k, v := range m.Headers {
-		if broker.IsOwned(k) || !validValue(v) {
-			continue
-		}
-		attr, ok := ceAttribute(k)
-		if !ok || attr == "id" || attr == "specversion" || attr == "data" || attr == "data_base64" {
-			continue
-		}
-		if attr == "datacontenttype" {
-			if contentType == "" {
-				contentType = v
-			}
-			continue
-		}
-		if validAttr(attr) {
+	source, typ, contentType := ceAttributes(r, func(attr, v string) {
+		if attr != "data" && attr != "data_base64" && validAttr(attr) {
 			e[attr] = v
 		}
-	}
-	if _, ok := e["source"]; !ok {
-		e["source"] = r.Source
-	}
-	if _, ok := e["type"]; !ok {
-		e["type"] = m.Type
-		if m.Type == "" {
-			e["type"] = r.Type
-		}
-	}
+	}, nil)
+	e["source"], e["type"] = source, typ
 	if contentType != "" {
 		e["datacontenttype"] = contentType
 	}

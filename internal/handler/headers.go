@@ -22,53 +22,23 @@ var reserved = map[string]bool{
 // setHeaders writes the CloudEvents attributes, the Handoff-* attempt headers
 // and the message's own headers onto an HTTP request.
 func setHeaders(h http.Header, r *Request) {
-	m := r.Message
-	var ceSource, ceType string
-	contentType := m.ContentType
 	// One array backs every value the sidecar sets (each header holds a
 	// one-element slice of it): an allocation per call, not per header.
-	vals := make([]string, 0, 9+len(m.Headers))
+	vals := make([]string, 0, 9+len(r.Message.Headers))
 	set := func(name, v string) {
 		vals = append(vals, v)
 		h[name] = vals[len(vals)-1 : len(vals) : len(vals)]
 	}
-	for k, v := range m.Headers {
-		if broker.IsOwned(k) || !validValue(v) {
-			continue
+	ceSource, ceType, contentType := ceAttributes(r, func(attr, v string) {
+		if validName(attr) {
+			set(http.CanonicalHeaderKey("ce-"+attr), v)
 		}
-		if attr, ok := ceAttribute(k); ok {
-			switch {
-			case attr == "id" || attr == "specversion":
-				continue // the sidecar's event id and version win
-			case attr == "source":
-				ceSource = v
-			case attr == "type":
-				ceType = v
-			case attr == "datacontenttype":
-				// In binary mode this attribute is the Content-Type header.
-				if contentType == "" {
-					contentType = v
-				}
-			case validName(attr):
-				set(http.CanonicalHeaderKey("ce-"+attr), v)
-			}
-			continue
-		}
+	}, func(k, v string) {
 		name := http.CanonicalHeaderKey(k)
-		if !validName(k) || reserved[name] || strings.HasPrefix(name, "Proxy-") {
-			continue
+		if validName(k) && !reserved[name] && !strings.HasPrefix(name, "Proxy-") {
+			set(name, v)
 		}
-		set(name, v)
-	}
-	if ceSource == "" {
-		ceSource = r.Source
-	}
-	if ceType == "" {
-		ceType = m.Type
-	}
-	if ceType == "" {
-		ceType = r.Type
-	}
+	})
 	set("Ce-Id", r.EventID)
 	set("Ce-Specversion", SpecVersion)
 	set("Ce-Source", ceSource)
@@ -85,6 +55,51 @@ func setHeaders(h http.Header, r *Request) {
 	if r.ReplayID != "" {
 		set("Handoff-Replay-Id", r.ReplayID)
 	}
+}
+
+// ceAttributes reads a message's headers the way both content modes do:
+// the CloudEvents attributes among them (id and specversion are the
+// sidecar's own), with source, type and datacontenttype resolved against the
+// message and the route. ext gets every other attribute, other (when not
+// nil) every header that is not an attribute. Headers the sidecar owns, and
+// values no header can carry, are left out.
+func ceAttributes(r *Request, ext func(attr, v string), other func(k, v string)) (source, typ, contentType string) {
+	m := r.Message
+	contentType = m.ContentType
+	for k, v := range m.Headers {
+		if broker.IsOwned(k) || !validValue(v) {
+			continue
+		}
+		attr, ok := ceAttribute(k)
+		switch {
+		case !ok:
+			if other != nil {
+				other(k, v)
+			}
+		case attr == "id" || attr == "specversion":
+			// The sidecar's event id and version win.
+		case attr == "source":
+			source = v
+		case attr == "type":
+			typ = v
+		case attr == "datacontenttype":
+			if contentType == "" {
+				contentType = v
+			}
+		default:
+			ext(attr, v)
+		}
+	}
+	if source == "" {
+		source = r.Source
+	}
+	if typ == "" {
+		typ = m.Type
+	}
+	if typ == "" {
+		typ = r.Type
+	}
+	return source, typ, contentType
 }
 
 // ceAttribute recognises a CloudEvents attribute carried as a message header
