@@ -98,6 +98,15 @@ func (b *RetryBudget) TryWithdraw() bool {
 	return ok
 }
 
+// Poll takes a token for a re-attempt or, when there is none, returns the
+// channel the next deposit closes and how long until old withdrawals may
+// leave the window: for a caller that waits on more than the budget in one
+// select. Only the first poll of a wait should count its denial.
+func (b *RetryBudget) Poll(countDenial bool) (ok bool, changed <-chan struct{}, recheck time.Duration) {
+	ok, changed = b.check(true, countDenial)
+	return ok, changed, b.slot
+}
+
 // check reports whether a token is there, taking it when take is set; when
 // there is none it returns the channel that a deposit closes.
 func (b *RetryBudget) check(take, countDenial bool) (bool, <-chan struct{}) {

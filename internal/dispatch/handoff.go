@@ -354,37 +354,35 @@ func (h *handoff) deadlineFor(first time.Time) time.Time {
 // deadline), handed back at shutdown, or lost.
 func (h *handoff) token(ctx context.Context) bool {
 	b := h.e.o.Budget
-	if b.TryWithdraw() {
+	ok, changed, recheck := b.Poll(true)
+	if ok {
 		return true
 	}
 	dl := time.NewTimer(max(h.trail.Deadline.Add(-h.e.o.Policy.MinAttempt).Sub(h.e.now()), 0))
 	defer dl.Stop()
-	stop, done := make(chan struct{}), make(chan struct{})
-	defer close(done)
-	expired := make(chan struct{})
-	go func() {
-		defer close(stop)
+	slot := time.NewTimer(recheck)
+	defer slot.Stop()
+	for {
 		select {
-		case <-ctx.Done():
-		case <-h.intake.Done():
-		case <-h.d.Lost():
+		case <-changed:
+		case <-slot.C:
 		case <-dl.C:
-			close(expired)
-		case <-done:
+			h.deadLetter(ctx, budget.ReasonDeadline)
+			return false
+		case <-ctx.Done():
+			h.handBack()
+			return false
+		case <-h.intake.Done():
+			h.handBack()
+			return false
+		case <-h.d.Lost():
+			return false
 		}
-	}()
-	if b.Withdraw(stop) {
-		return true
+		if ok, changed, recheck = b.Poll(false); ok {
+			return true
+		}
+		slot.Reset(recheck)
 	}
-	<-stop
-	select {
-	case <-expired:
-		h.deadLetter(ctx, budget.ReasonDeadline)
-	case <-h.d.Lost():
-	default:
-		h.handBack()
-	}
-	return false
 }
 
 // attemptAfter waits until due, then attempts.
