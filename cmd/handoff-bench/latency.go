@@ -24,32 +24,31 @@ type latencyRow struct {
 // pacedDuration is how long a latency run publishes.
 const pacedDuration = 15 * time.Second
 
-// rabbitLatency runs the consumer that start builds against an empty queue
-// while messages are published at rate, and reads the app's latencies.
-func rabbitLatency(o options, name string, rate float64, start func(q string) starter) (latencyRow, error) {
-	saved := o.n
-	o.n = 0
-	q, cleanup, err := rabbitQueue(o, "latency")
-	o.n = saved
-	if err != nil {
-		return latencyRow{name: name, rate: rate}, err
-	}
-	defer cleanup()
-	return paced(o, name, rate, time.Second, func() (int, error) { return publishPaced(o, q, rate, pacedDuration) }, start(q))
+// pacedBroker is what a latency run needs of a broker: an empty queue or
+// topic, a paced publisher, and how long a new consumer takes to settle in
+// (a new Kafka group takes a few seconds to join).
+type pacedBroker struct {
+	create  func(o options, name string) (string, func(), error)
+	publish func(o options, dest string, rate float64, d time.Duration) (int, error)
+	settle  time.Duration
 }
 
-// kafkaLatency is rabbitLatency on an empty Kafka topic.
-func kafkaLatency(o options, name string, rate float64, start func(topic string) starter) (latencyRow, error) {
-	saved := o.n
-	o.n = 0
-	topic, cleanup, err := kafkaTopic(o, "latency")
-	o.n = saved
+var (
+	rabbitPaced = pacedBroker{create: rabbitQueue, publish: publishPaced, settle: time.Second}
+	kafkaPaced  = pacedBroker{create: kafkaTopic, publish: producePaced, settle: 5 * time.Second}
+)
+
+// latency runs the consumer that start builds against an empty queue or
+// topic while messages are published at rate, and reads the app's latencies.
+func latency(o options, pb pacedBroker, name string, rate float64, start func(dest string) starter) (latencyRow, error) {
+	empty := o
+	empty.n = 0
+	dest, cleanup, err := pb.create(empty, "latency")
 	if err != nil {
 		return latencyRow{name: name, rate: rate}, err
 	}
 	defer cleanup()
-	// A new group takes a few seconds to join.
-	return paced(o, name, rate, 5*time.Second, func() (int, error) { return producePaced(o, topic, rate, pacedDuration) }, start(topic))
+	return paced(o, name, rate, pb.settle, func() (int, error) { return pb.publish(o, dest, rate, pacedDuration) }, start(dest))
 }
 
 // paced starts an app and the consumer, lets the consumer settle in, runs
@@ -130,7 +129,7 @@ func producePaced(o options, topic string, rate float64, d time.Duration) (int, 
 func kafkaLatencyRows(o options, baseRate, sidecarRate float64) []latencyRow {
 	return latencyPairs("Kafka baseline (hand-written franz-go)", "Kafka sidecar, ordering none, journal batch", baseRate, sidecarRate,
 		func(name string, rate float64, sidecar bool) (latencyRow, error) {
-			return kafkaLatency(o, name, rate, func(topic string) starter {
+			return latency(o, kafkaPaced, name, rate, func(topic string) starter {
 				if sidecar {
 					return sidecarStarter(o, name, kafkaSource(o, topic, "none"), "batch", false)
 				}
@@ -206,7 +205,7 @@ func publishPaced(o options, q string, rate float64, d time.Duration) (int, erro
 func rabbitLatencyRows(o options, baseRate, sidecarRate float64) []latencyRow {
 	return latencyPairs("RabbitMQ baseline (hand-written amqp091-go)", "RabbitMQ sidecar, journal batch", baseRate, sidecarRate,
 		func(name string, rate float64, sidecar bool) (latencyRow, error) {
-			return rabbitLatency(o, name, rate, func(q string) starter {
+			return latency(o, rabbitPaced, name, rate, func(q string) starter {
 				if sidecar {
 					return sidecarStarter(o, name, rabbitSource(o, q, 256), "batch", false)
 				}
