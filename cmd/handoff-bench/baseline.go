@@ -6,7 +6,11 @@ import (
 	"flag"
 	"io"
 	"net/http"
+	"os"
+	"os/signal"
+	"runtime/pprof"
 	"sync"
+	"syscall"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -138,4 +142,37 @@ func runBaselineKafka(args []string) error {
 		batch.Wait()
 		cl.MarkCommitRecords(recs...)
 	}
+}
+
+// profileEnv names the file a baseline writes its CPU profile to, when set.
+const profileEnv = "HANDOFF_BENCH_CPU_PROFILE"
+
+// profiled runs a baseline, under a CPU profile when profileEnv asks for one.
+// The harness stops a baseline with SIGTERM: the profile is written then.
+func profiled(run func([]string) error, args []string) error {
+	path := os.Getenv(profileEnv)
+	if path == "" {
+		return run(args)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		return err
+	}
+	stop := func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, os.Interrupt)
+	done := make(chan error, 1)
+	go func() { done <- run(args) }()
+	select {
+	case err = <-done:
+	case <-sig:
+	}
+	stop()
+	return err
 }

@@ -30,9 +30,9 @@ func main() {
 		case "app":
 			err = runApp(os.Args[2:])
 		case "baseline-rabbit":
-			err = runBaselineRabbit(os.Args[2:])
+			err = profiled(runBaselineRabbit, os.Args[2:])
 		case "baseline-kafka":
-			err = runBaselineKafka(os.Args[2:])
+			err = profiled(runBaselineKafka, os.Args[2:])
 		default:
 			err = runHarness(os.Args[1:])
 		}
@@ -59,7 +59,7 @@ type options struct {
 	kafkaName string
 	self      string
 	skipSlow  bool
-	profile   string // a directory for the sidecar runs' CPU profiles
+	profile   string // a directory for the consumer runs' CPU profiles
 	only      string // rabbitmq or kafka: one broker's runs
 }
 
@@ -73,7 +73,7 @@ func runHarness(args []string) error {
 	o.kafkaName = "Kafka"
 	fs.StringVar(&o.kafka, "kafka", envOr("HANDOFF_KAFKA_BROKERS", "127.0.0.1:19092"), "Kafka bootstrap broker")
 	fs.BoolVar(&o.skipSlow, "skip-slow", false, "leave out journal.sync: always and ordering: partition (slow by design)")
-	fs.StringVar(&o.profile, "profile", "", "write each sidecar run's CPU profile (pprof) into this directory")
+	fs.StringVar(&o.profile, "profile", "", "write each consumer run's CPU profile (pprof) into this directory")
 	fs.StringVar(&o.only, "only", "", "rabbitmq or kafka: run one broker's columns")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -300,13 +300,13 @@ type starter func(a *app) (*exec.Cmd, func(), error)
 
 func rabbitBaselineCmd(o options, q string) starter {
 	return func(a *app) (*exec.Cmd, func(), error) {
-		return exec.Command(o.self, "baseline-rabbit", "-url", o.rabbit, "-queue", q, "-app", a.url), func() {}, nil
+		return baselineCmd(o, "RabbitMQ baseline", "baseline-rabbit", "-url", o.rabbit, "-queue", q, "-app", a.url), func() {}, nil
 	}
 }
 
 func kafkaBaselineCmd(o options, topic string) starter {
 	return func(a *app) (*exec.Cmd, func(), error) {
-		return exec.Command(o.self, "baseline-kafka", "-brokers", o.kafka, "-topic", topic, "-group", topic+"-g", "-app", a.url), func() {}, nil
+		return baselineCmd(o, o.kafkaName+" baseline", "baseline-kafka", "-brokers", o.kafka, "-topic", topic, "-group", topic+"-g", "-app", a.url), func() {}, nil
 	}
 }
 
@@ -397,6 +397,16 @@ func runConsumer(o options, name string, mixed bool, build starter) (row, error)
 	}
 	defer rm()
 	return consumer(name, a, o.n, cmd)
+}
+
+// baselineCmd runs a hand-written baseline, profiled when asked; run names
+// its profile.
+func baselineCmd(o options, run string, args ...string) *exec.Cmd {
+	cmd := exec.Command(o.self, args...)
+	if o.profile != "" {
+		cmd.Env = append(os.Environ(), profileEnv+"="+filepath.Join(o.profile, strings.ReplaceAll(run, " ", "")+".pprof"))
+	}
+	return cmd
 }
 
 // sidecarCmd runs the sidecar binary on path, profiled when asked.
