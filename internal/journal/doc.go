@@ -13,6 +13,13 @@
 // A hop is one delivery of the message: the original (hop 0) and each copy
 // the sidecar made (hop 1, 2, …, carried in the copy's handoff-hops header).
 //
+// Each hand-off gets an id when its first record is written, in that order,
+// and its records are stored under the id: the records of the messages in
+// flight all land at the end of the tree, so a commit writes a few pages
+// however random the event ids are. One index maps each key to its id; it
+// is the only write to a random place, once per hand-off. A journal of the
+// earlier layout (records under the key itself) is upgraded when it opens.
+//
 // Writes are group-committed: one goroutine batches records from every caller
 // into one bbolt transaction (one fsync), and Append returns once the batch
 // holding its records is durable. AppendAsync queues records without waiting.

@@ -1,6 +1,7 @@
 package journal
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -104,16 +105,27 @@ func (e *CorruptError) Error() string {
 
 func (e *CorruptError) Unwrap() error { return e.Err }
 
-// Bucket names.
+// Bucket names. A hand-off gets an id, in the order hand-offs first reach
+// the journal, and its records are keyed by that id: the records of the
+// messages in flight all land at the end of the tree, so a commit dirties a
+// few pages, not one page per record as keys by event id (random, like
+// UUIDs) would. Only the key → id index takes one write at a random place,
+// once per hand-off.
 var (
-	bucketSteps   = []byte("steps")   // key ‖ seq → record
-	bucketOpen    = []byte("open")    // key → opened-at: hand-offs not yet settled
-	bucketSettled = []byte("settled") // settled-at ‖ key → nothing: the retention index
+	bucketIDs     = []byte("ids")     // key → id
+	bucketRecords = []byte("records") // id ‖ seq → record, and id ‖ 0 → key
+	bucketPending = []byte("pending") // id → opened-at ‖ hop: hand-offs not yet settled
+	bucketExpiry  = []byte("expiry")  // settled-at ‖ id → nothing: the retention index
 	bucketMeta    = []byte("meta")
 	metaFormat    = []byte("format")
 )
 
-const formatVersion = 1
+// formatVersion is the layout above. Format 1 keyed records by key ‖ seq in
+// "steps", with "open" and "settled" by key; Open upgrades it.
+const formatVersion = 2
+
+// idLen is the length of a hand-off id, and of each half of a record key.
+const idLen = 8
 
 // Journal is an open journal file. Its methods are safe for concurrent use.
 type Journal struct {
@@ -175,6 +187,10 @@ func Open(path string, o Options) (*Journal, Recovery, error) {
 	rec, err := j.safeVerify()
 	if err != nil {
 		_ = db.Close()
+		var up *upgradeError
+		if errors.As(err, &up) {
+			return nil, Recovery{}, fmt.Errorf("journal %s: %w", path, err)
+		}
 		return nil, Recovery{}, &CorruptError{Path: path, Err: err}
 	}
 	if o.ReadOnly {
@@ -387,40 +403,9 @@ func (j *Journal) gatherAsync(batch []*request, n int) ([]*request, *request) {
 
 func (j *Journal) commit(batch []*request) error {
 	return j.db.Update(func(tx *bolt.Tx) error {
-		steps, open, settled := tx.Bucket(bucketSteps), tx.Bucket(bucketOpen), tx.Bucket(bucketSettled)
-		now := j.now()
-		// bbolt keeps the key and value slices until the commit: they are
-		// cut from one slab, sized up front, rather than allocated each.
-		size := 0
-		for _, r := range batch {
-			for i := range r.recs {
-				size += len(r.key) + 8 + r.recs[i].size()
-			}
-		}
-		slab := make([]byte, 0, size)
-		n := 0
-		for _, r := range batch {
-			for _, rec := range r.recs { // a copy: the caller's records are its own
-				if rec.At.IsZero() {
-					rec.At = now
-				}
-				seq, err := steps.NextSequence()
-				if err != nil {
-					return err
-				}
-				start := len(slab)
-				slab = binary.BigEndian.AppendUint64(append(slab, r.key...), seq)
-				key := slab[start:len(slab):len(slab)]
-				start = len(slab)
-				slab = rec.Encode(slab)
-				if err := steps.Put(key, slab[start:len(slab):len(slab)]); err != nil {
-					return err
-				}
-				if err := index(open, settled, r.key, &rec); err != nil {
-					return err
-				}
-				n++
-			}
+		n, err := j.write(tx, batch)
+		if err != nil {
+			return err
 		}
 		if j.o.BeforeCommit != nil {
 			return j.o.BeforeCommit(n)
@@ -429,30 +414,128 @@ func (j *Journal) commit(batch []*request) error {
 	})
 }
 
-// index keeps the open and settled indexes. An open entry holds the time
+// write puts the batch's records in tx and returns how many it wrote.
+func (j *Journal) write(tx *bolt.Tx, batch []*request) (int, error) {
+	b := buckets(tx)
+	now := j.now()
+	// bbolt keeps the key and value slices until the commit: they are cut
+	// from one slab, sized up front, rather than allocated each.
+	size := 0
+	for _, r := range batch {
+		for i := range r.recs {
+			size += 2*idLen + r.recs[i].size()
+		}
+	}
+	slab := make([]byte, 0, size)
+	n := 0
+	for _, r := range batch {
+		id, err := b.id(r.key)
+		if err != nil {
+			return n, err
+		}
+		for _, rec := range r.recs { // a copy: the caller's records are its own
+			if rec.At.IsZero() {
+				rec.At = now
+			}
+			seq, err := b.records.NextSequence()
+			if err != nil {
+				return n, err
+			}
+			start := len(slab)
+			slab = binary.BigEndian.AppendUint64(append(slab, id...), seq)
+			key := slab[start:len(slab):len(slab)]
+			start = len(slab)
+			slab = rec.Encode(slab)
+			if err := b.records.Put(key, slab[start:len(slab):len(slab)]); err != nil {
+				return n, err
+			}
+			if err := b.index(id, &rec); err != nil {
+				return n, err
+			}
+			n++
+		}
+	}
+	return n, nil
+}
+
+// tree is the journal's buckets in one transaction.
+type tree struct {
+	ids, records, pending, expiry *bolt.Bucket
+}
+
+func buckets(tx *bolt.Tx) tree {
+	return tree{ids: tx.Bucket(bucketIDs), records: tx.Bucket(bucketRecords),
+		pending: tx.Bucket(bucketPending), expiry: tx.Bucket(bucketExpiry)}
+}
+
+// lookup returns the id of the hand-off with encoded key k, or nil.
+func (b tree) lookup(k []byte) []byte {
+	id := b.ids.Get(k)
+	if len(id) != idLen {
+		return nil
+	}
+	return id
+}
+
+// id returns the id of the hand-off with encoded key k, giving it the next
+// one (and writing its key record) when it has none.
+func (b tree) id(k []byte) ([]byte, error) {
+	if id := b.lookup(k); id != nil {
+		return id, nil
+	}
+	n, err := b.ids.NextSequence()
+	if err != nil {
+		return nil, err
+	}
+	id := binary.BigEndian.AppendUint64(make([]byte, 0, 2*idLen), n)
+	if err := b.ids.Put(k, id); err != nil {
+		return nil, err
+	}
+	return id, b.records.Put(binary.BigEndian.AppendUint64(id[:idLen:idLen], 0), k)
+}
+
+// index keeps the pending and expiry indexes. A pending entry holds the time
 // the hand-off opened and its latest hop; a settle of an earlier hop (which
-// can land after the next hop was received) leaves it open.
-func index(open, settled *bolt.Bucket, key []byte, rec *Record) error {
+// can land after the next hop was received) leaves it pending.
+func (b tree) index(id []byte, rec *Record) error {
 	switch rec.Kind {
 	case Received:
-		v := open.Get(key)
+		v := b.pending.Get(id)
 		if v == nil {
-			return open.Put(key, openValue(rec.At, rec.Hop))
+			return b.pending.Put(id, openValue(rec.At, rec.Hop))
 		}
 		if at, hop, ok := parseOpenValue(v); ok && rec.Hop > hop {
-			return open.Put(key, openValue(at, rec.Hop))
+			return b.pending.Put(id, openValue(at, rec.Hop))
 		}
 	case Settled:
-		if v := open.Get(key); v != nil {
+		if v := b.pending.Get(id); v != nil {
 			if _, hop, ok := parseOpenValue(v); !ok || hop <= rec.Hop {
-				if err := open.Delete(key); err != nil {
+				if err := b.pending.Delete(id); err != nil {
 					return err
 				}
 			}
 		}
-		return settled.Put(append(appendTime(make([]byte, 0, 8+len(key)), rec.At), key...), nil)
+		return b.expiry.Put(append(appendTime(make([]byte, 0, 2*idLen), rec.At), id...), nil)
 	}
 	return nil
+}
+
+// each calls fn with the seq and value of every record of hand-off id, in
+// write order, and returns the key record (nil when it is missing).
+func (b tree) each(id []byte, fn func(seq uint64, v []byte) error) ([]byte, error) {
+	var key []byte
+	c := b.records.Cursor()
+	for k, v := c.Seek(id); k != nil && len(k) == 2*idLen && bytes.Equal(k[:idLen], id); k, v = c.Next() {
+		seq := binary.BigEndian.Uint64(k[idLen:])
+		if seq == 0 {
+			key = v
+			continue
+		}
+		if err := fn(seq, v); err != nil {
+			return key, err
+		}
+	}
+	return key, nil
 }
 
 func openValue(at time.Time, hop int) []byte {

@@ -111,3 +111,68 @@ func BenchmarkState(b *testing.B) {
 		i++
 	}
 }
+
+// BenchmarkHandoffs runs the journal's share of the common path, as dispatch
+// does it for each message, from many goroutines: State, then RECEIVED and
+// ATTEMPT queued, the OUTCOME waited for, SETTLED queued. The journal already
+// holds a backlog of settled hand-offs, so each commit lands in a tree of
+// realistic size. Event ids are random, like UUIDs, or counted ("m-1",
+// "m-2", …), like a producer numbering its messages.
+func BenchmarkHandoffs(b *testing.B) {
+	for _, ids := range []string{"random", "counted"} {
+		b.Run("ids="+ids, func(b *testing.B) {
+			path := filepath.Join(b.TempDir(), "journal.db")
+			j, _, err := Open(path, testOptions(Options{Sync: SyncBatch}))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer j.Close()
+			var n atomic.Uint64
+			id := func() string {
+				i := n.Add(1)
+				if ids == "counted" {
+					return fmt.Sprint("m-", i)
+				}
+				v := i * 0x9e3779b97f4a7c15 // a bijection: unique, and scattered
+				return fmt.Sprintf("%016x-%016x", v, v^0x5851f42d4c957f2d)
+			}
+			handoff := func(k Key) error {
+				if _, err := j.State(k); err != nil {
+					return err
+				}
+				j.AppendAsync(k, Record{Kind: Received}, Record{Kind: Attempt, Attempt: 1})
+				if err := j.Append(b.Context(), k, Record{Kind: Outcome, Attempt: 1, Outcome: outSuccess, Status: 200, Latency: time.Millisecond}); err != nil {
+					return err
+				}
+				j.AppendAsync(k, Record{Kind: Settled})
+				return nil
+			}
+			const backlog = 50000
+			var wg sync.WaitGroup
+			for w := range 64 {
+				wg.Go(func() {
+					for i := w; i < backlog; i += 64 {
+						if err := handoff(Key{Source: "bench", EventID: id()}); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			b.SetParallelism(32)
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if err := handoff(Key{Source: "bench", EventID: id()}); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "handoffs/s")
+		})
+	}
+}

@@ -19,16 +19,17 @@ type Step struct {
 // Timeline returns every record of hand-off k, oldest first.
 func (j *Journal) Timeline(k Key) ([]Step, error) {
 	var out []Step
-	prefix := k.encode(nil)
 	err := j.db.View(func(tx *bolt.Tx) error {
-		c := tx.Bucket(bucketSteps).Cursor()
-		for key, v := c.Seek(prefix); key != nil && bytes.HasPrefix(key, prefix); key, v = c.Next() {
-			if len(key) != len(prefix)+8 {
-				continue // a longer key that shares the prefix
-			}
-			out = append(out, Step{Key: k, Seq: binary.BigEndian.Uint64(key[len(prefix):]), Record: decodeOrNote(v)})
+		b := buckets(tx)
+		id := b.lookup(k.encode(nil))
+		if id == nil {
+			return nil
 		}
-		return nil
+		_, err := b.each(id, func(seq uint64, v []byte) error {
+			out = append(out, Step{Key: k, Seq: seq, Record: decodeOrNote(v)})
+			return nil
+		})
+		return err
 	})
 	return out, err
 }
@@ -53,48 +54,53 @@ type Filter struct {
 	Since time.Time
 }
 
-// Scan calls fn with the timeline of each hand-off that f selects, in key
-// order. It reads the whole journal: it is for operators, not the hot path.
+// Scan calls fn with the timeline of each hand-off that f selects, in the
+// order hand-offs first reached the journal. It reads the whole journal: it
+// is for operators, not the hot path.
 func (j *Journal) Scan(f Filter, fn func(Key, []Step) error) error {
 	return j.db.View(func(tx *bolt.Tx) error {
-		open := tx.Bucket(bucketOpen)
-		c := tx.Bucket(bucketSteps).Cursor()
+		b := buckets(tx)
 		var cur []Step
-		var curKey []byte
+		var curID []byte
+		var curKey Key
 		flush := func() error {
-			if len(cur) == 0 {
-				return nil
-			}
 			steps := cur
 			cur = nil
-			k := steps[0].Key
-			if f.EventID != "" && k.EventID != f.EventID {
+			if len(steps) == 0 {
 				return nil
 			}
-			if f.Open && open.Get(curKey) == nil {
+			if f.EventID != "" && curKey.EventID != f.EventID {
+				return nil
+			}
+			if f.Open && b.pending.Get(curID) == nil {
 				return nil
 			}
 			if !f.Since.IsZero() && steps[len(steps)-1].At.Before(f.Since) {
 				return nil
 			}
-			return fn(k, steps)
+			return fn(curKey, steps)
 		}
-		for key, v := c.First(); key != nil; key, v = c.Next() {
-			if len(key) < 8 {
-				return fmt.Errorf("%w: step key of %d bytes", ErrCorrupt, len(key))
+		c := b.records.Cursor()
+		for k, v := c.First(); k != nil; k, v = c.Next() {
+			if len(k) != 2*idLen {
+				return fmt.Errorf("%w: record key of %d bytes", ErrCorrupt, len(k))
 			}
-			kb := key[:len(key)-8]
-			if !bytes.Equal(kb, curKey) {
+			id, seq := k[:idLen], binary.BigEndian.Uint64(k[idLen:])
+			if seq == 0 { // a hand-off's key: its records follow
 				if err := flush(); err != nil {
 					return err
 				}
-				curKey = append(curKey[:0], kb...)
+				key, rest, err := decodeKey(v)
+				if err != nil || len(rest) != 0 {
+					return fmt.Errorf("%w: hand-off key", ErrCorrupt)
+				}
+				curID, curKey = append(curID[:0], id...), key
+				continue
 			}
-			k, rest, err := decodeKey(kb)
-			if err != nil || len(rest) != 0 {
-				return fmt.Errorf("%w: step key", ErrCorrupt)
+			if !bytes.Equal(id, curID) {
+				return fmt.Errorf("%w: records of hand-off %x without its key", ErrCorrupt, id)
 			}
-			cur = append(cur, Step{Key: k, Seq: binary.BigEndian.Uint64(key[len(kb):]), Record: decodeOrNote(v)})
+			cur = append(cur, Step{Key: curKey, Seq: seq, Record: decodeOrNote(v)})
 		}
 		return flush()
 	})

@@ -150,9 +150,10 @@ func TestTimelineShowsDamagedRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketSteps)
+		b := tx.Bucket(bucketRecords)
 		c := b.Cursor()
-		c.First()
+		c.First() // the hand-off's key
+		c.Next()
 		sk, v := c.Next()
 		bad := append([]byte(nil), v...)
 		bad[len(bad)-1] ^= 0xff

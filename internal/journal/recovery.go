@@ -70,7 +70,7 @@ func (j *Journal) verify() (Recovery, error) {
 	}
 	// A journal with everything in place is only read; a new file gets its
 	// buckets. Opening never writes to a journal it has not understood.
-	fresh := false
+	fresh, format := false, uint32(0)
 	err := j.db.View(func(tx *bolt.Tx) error {
 		meta := tx.Bucket(bucketMeta)
 		if meta == nil {
@@ -82,10 +82,19 @@ func (j *Journal) verify() (Recovery, error) {
 			return nil
 		}
 		v := meta.Get(metaFormat)
-		if len(v) != 4 || binary.BigEndian.Uint32(v) != formatVersion {
-			return fmt.Errorf("journal format %x, this build reads format %d", v, formatVersion)
+		if len(v) == 4 {
+			format = binary.BigEndian.Uint32(v)
 		}
-		for _, b := range [][]byte{bucketSteps, bucketOpen, bucketSettled} {
+		var names [][]byte
+		switch {
+		case len(v) == 4 && format == formatVersion:
+			names = [][]byte{bucketIDs, bucketRecords, bucketPending, bucketExpiry}
+		case len(v) == 4 && format == 1:
+			names = [][]byte{bucketSteps, bucketOpen, bucketSettled}
+		default:
+			return fmt.Errorf("journal format %x, this build reads formats 1 and %d", v, formatVersion)
+		}
+		for _, b := range names {
 			if tx.Bucket(b) == nil {
 				return fmt.Errorf("not a journal: bucket %q missing", b)
 			}
@@ -95,10 +104,10 @@ func (j *Journal) verify() (Recovery, error) {
 	if err != nil {
 		return rec, err
 	}
-	if fresh {
-		if j.o.ReadOnly {
-			return rec, errors.New("not a journal: no meta bucket")
-		}
+	switch {
+	case fresh && j.o.ReadOnly:
+		return rec, errors.New("not a journal: no meta bucket")
+	case fresh:
 		err = j.db.Update(func(tx *bolt.Tx) error {
 			meta, err := tx.CreateBucket(bucketMeta)
 			if err != nil {
@@ -107,53 +116,60 @@ func (j *Journal) verify() (Recovery, error) {
 			if err := meta.Put(metaFormat, binary.BigEndian.AppendUint32(nil, formatVersion)); err != nil {
 				return err
 			}
-			for _, b := range [][]byte{bucketSteps, bucketOpen, bucketSettled} {
-				if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-					return err
-				}
-			}
-			return nil
+			return createBuckets(tx)
 		})
-		if err != nil {
-			return rec, err
-		}
+	case format == 1 && j.o.ReadOnly:
+		return rec, errors.New("journal format 1: a sidecar of this version upgrades it when it starts")
+	case format == 1:
+		err = j.upgrade()
 	}
-	var keys []Key
-	err = j.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketOpen).ForEach(func(k, _ []byte) error {
-			key, rest, err := decodeKey(k)
-			if err != nil || len(rest) != 0 {
-				return fmt.Errorf("%w: open key", ErrCorrupt)
-			}
-			keys = append(keys, key)
-			return nil
-		})
-	})
 	if err != nil {
 		return rec, err
 	}
-	for _, k := range keys {
-		s, err := j.State(k)
-		if err != nil {
-			return rec, fmt.Errorf("hand-off %s: %w", k, err)
-		}
-		rec.Open++
-		switch {
-		case s.Copy != nil && s.Copy.Hop > s.Hop && s.Copy.Confirmed:
-			rec.Confirmed++
-		case s.Copy != nil && s.Copy.Hop > s.Hop:
-			rec.Unconfirmed++
-		case s.Handled():
-			rec.Handled++
-		case s.HopAttempt > 0 && s.HopOutcome == 0:
-			rec.InCall++
-		case s.HopAttempt > 0:
-			rec.Failed++
-		default:
-			rec.Received++
+	err = j.db.View(func(tx *bolt.Tx) error {
+		b := buckets(tx)
+		return b.pending.ForEach(func(id, _ []byte) error {
+			if len(id) != idLen {
+				return fmt.Errorf("%w: pending key of %d bytes", ErrCorrupt, len(id))
+			}
+			s, err := b.state(id)
+			if err != nil {
+				return fmt.Errorf("hand-off %x: %w", id, err)
+			}
+			rec.add(s)
+			return nil
+		})
+	})
+	return rec, err
+}
+
+// add counts one open hand-off by the phase it stopped in.
+func (r *Recovery) add(s State) {
+	r.Open++
+	switch {
+	case s.Copy != nil && s.Copy.Hop > s.Hop && s.Copy.Confirmed:
+		r.Confirmed++
+	case s.Copy != nil && s.Copy.Hop > s.Hop:
+		r.Unconfirmed++
+	case s.Handled():
+		r.Handled++
+	case s.HopAttempt > 0 && s.HopOutcome == 0:
+		r.InCall++
+	case s.HopAttempt > 0:
+		r.Failed++
+	default:
+		r.Received++
+	}
+}
+
+// createBuckets creates the buckets of the current format.
+func createBuckets(tx *bolt.Tx) error {
+	for _, b := range [][]byte{bucketIDs, bucketRecords, bucketPending, bucketExpiry} {
+		if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+			return err
 		}
 	}
-	return rec, nil
+	return nil
 }
 
 // check reads every key and value of every bucket, so that each page of the

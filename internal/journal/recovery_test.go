@@ -251,7 +251,7 @@ func TestOpenCorrupt(t *testing.T) {
 			clear(b[2*ps : highWater(t, b)*ps])
 			writeFile(t, path, b)
 		}},
-		{name: "root page of the steps bucket overwritten", make: func(t *testing.T, path string) {
+		{name: "root page of the records bucket overwritten", make: func(t *testing.T, path string) {
 			src := filepath.Join(t.TempDir(), "src.db")
 			writeFile(t, src, validBytes(t, 2000))
 			var root uint64
@@ -259,14 +259,14 @@ func TestOpenCorrupt(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_ = db.View(func(tx *bolt.Tx) error { root = uint64(tx.Bucket(bucketSteps).Root()); return nil })
+			_ = db.View(func(tx *bolt.Tx) error { root = uint64(tx.Bucket(bucketRecords).Root()); return nil })
 			if err := db.Close(); err != nil {
 				t.Fatal(err)
 			}
 			b := readFile(t, src)
 			ps := pageSize(t, b)
 			if root < 2 || int(root+1)*ps > len(b) {
-				t.Fatalf("steps bucket root is page %d of %d", root, len(b)/ps)
+				t.Fatalf("records bucket root is page %d of %d", root, len(b)/ps)
 			}
 			copy(b[int(root)*ps:int(root+1)*ps], garbage(ps))
 			writeFile(t, path, b)
@@ -279,10 +279,11 @@ func TestOpenCorrupt(t *testing.T) {
 				t.Fatal(err)
 			}
 			err = db.Update(func(tx *bolt.Tx) error {
-				k, _ := tx.Bucket(bucketOpen).Cursor().First()
-				steps := tx.Bucket(bucketSteps)
+				id, _ := tx.Bucket(bucketPending).Cursor().First()
+				steps := tx.Bucket(bucketRecords)
 				c := steps.Cursor()
-				sk, v := c.Seek(k)
+				c.Seek(id) // the hand-off's key
+				sk, v := c.Next()
 				damaged := append([]byte(nil), v...)
 				damaged[2] ^= 0x40
 				return steps.Put(append([]byte(nil), sk...), damaged)

@@ -1,6 +1,8 @@
 package journal
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -32,11 +34,8 @@ func Repair(path string) (RepairReport, error) {
 		return RepairReport{}, err
 	}
 	rep := RepairReport{Aside: aside}
-	type item struct {
-		key []byte
-		rec Record
-	}
 	var items []item
+	keep := func(key []byte, rec Record) { items = append(items, item{key: key, rec: rec}) }
 	salvage := func() (err error) {
 		defer func() {
 			if r := recover(); r != nil {
@@ -49,24 +48,13 @@ func Repair(path string) (RepairReport, error) {
 		}
 		defer db.Close()
 		return db.View(func(tx *bolt.Tx) error {
-			b := tx.Bucket(bucketSteps)
-			if b == nil {
-				return errors.New("no steps bucket")
+			if b := tx.Bucket(bucketRecords); b != nil {
+				return salvageRecords(b, &rep, keep)
 			}
-			c := b.Cursor()
-			for k, v := c.First(); k != nil; k, v = c.Next() {
-				rec, err := Decode(v)
-				if err != nil || len(k) < 8 {
-					rep.Lost++
-					continue
-				}
-				if _, rest, err := decodeKey(k[:len(k)-8]); err != nil || len(rest) != 0 {
-					rep.Lost++
-					continue
-				}
-				items = append(items, item{key: append([]byte(nil), k[:len(k)-8]...), rec: rec})
+			if b := tx.Bucket(bucketSteps); b != nil {
+				return salvageSteps(b, &rep, keep)
 			}
-			return nil
+			return errors.New("no records bucket")
 		})
 	}
 	rep.Stopped = salvage()
@@ -88,6 +76,58 @@ func Repair(path string) (RepairReport, error) {
 		rep.Kept += len(batch)
 	}
 	return rep, j.Close()
+}
+
+type item struct {
+	key []byte // encoded
+	rec Record
+}
+
+// salvageRecords reads the records of a current-format journal. A record
+// whose hand-off key cannot be read is lost with it.
+func salvageRecords(b *bolt.Bucket, rep *RepairReport, keep func([]byte, Record)) error {
+	var id, key []byte
+	c := b.Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if len(k) != 2*idLen {
+			rep.Lost++
+			continue
+		}
+		if binary.BigEndian.Uint64(k[idLen:]) == 0 {
+			id, key = append(id[:0], k[:idLen]...), nil
+			if _, rest, err := decodeKey(v); err != nil || len(rest) != 0 {
+				rep.Lost++
+				continue
+			}
+			key = append([]byte(nil), v...)
+			continue
+		}
+		rec, err := Decode(v)
+		if err != nil || key == nil || !bytes.Equal(k[:idLen], id) {
+			rep.Lost++
+			continue
+		}
+		keep(key, rec)
+	}
+	return nil
+}
+
+// salvageSteps reads the records of a format 1 journal.
+func salvageSteps(b *bolt.Bucket, rep *RepairReport, keep func([]byte, Record)) error {
+	c := b.Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		rec, err := Decode(v)
+		if err != nil || len(k) < 8 {
+			rep.Lost++
+			continue
+		}
+		if _, rest, err := decodeKey(k[:len(k)-8]); err != nil || len(rest) != 0 {
+			rep.Lost++
+			continue
+		}
+		keep(append([]byte(nil), k[:len(k)-8]...), rec)
+	}
+	return nil
 }
 
 // Reset moves the journal aside and starts an empty one at path. It returns

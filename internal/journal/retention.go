@@ -48,46 +48,46 @@ func (j *Journal) Compact() (int, error) {
 func (j *Journal) compactOnce(cutoff time.Time) (removed int, more bool, err error) {
 	limit := uint64(cutoff.UnixNano())
 	err = j.db.Update(func(tx *bolt.Tx) error {
-		steps, open, settled := tx.Bucket(bucketSteps), tx.Bucket(bucketOpen), tx.Bucket(bucketSettled)
-		c := settled.Cursor()
+		b := buckets(tx)
+		c := b.expiry.Cursor()
 		for k, _ := c.First(); k != nil; k, _ = c.First() {
-			if len(k) < 8 || binary.BigEndian.Uint64(k[:8]) >= limit {
+			if len(k) != 2*idLen || binary.BigEndian.Uint64(k[:idLen]) >= limit {
 				break
 			}
 			if removed == compactChunk {
 				more = true
 				return nil
 			}
-			key := append([]byte(nil), k[8:]...)
+			id := append([]byte(nil), k[idLen:]...)
 			if err := c.Delete(); err != nil {
 				return err
 			}
 			// A later hop may have reopened the hand-off, or settled it
 			// again later: only a hand-off whose latest record is old goes.
-			if open.Get(key) != nil || lastAt(steps, key) >= limit {
+			if b.pending.Get(id) != nil || b.lastAt(id) >= limit {
 				continue
 			}
-			if err := deletePrefix(steps, key); err != nil {
+			if err := b.remove(id); err != nil {
 				return err
 			}
 			removed++
 		}
 		var stale [][]byte
-		oc := open.Cursor()
+		oc := b.pending.Cursor()
 		for k, _ := oc.First(); k != nil; k, _ = oc.Next() {
 			if removed+len(stale) == compactChunk {
 				more = true
 				break
 			}
-			if lastAt(steps, k) < limit {
+			if b.lastAt(k) < limit {
 				stale = append(stale, append([]byte(nil), k...))
 			}
 		}
-		for _, key := range stale {
-			if err := deletePrefix(steps, key); err != nil {
+		for _, id := range stale {
+			if err := b.remove(id); err != nil {
 				return err
 			}
-			if err := open.Delete(key); err != nil {
+			if err := b.pending.Delete(id); err != nil {
 				return err
 			}
 			removed++
@@ -97,13 +97,14 @@ func (j *Journal) compactOnce(cutoff time.Time) (removed int, more bool, err err
 	return removed, more, err
 }
 
-// lastAt is the time of the latest record of key, as Unix nanoseconds.
-func lastAt(steps *bolt.Bucket, key []byte) uint64 {
-	c := steps.Cursor()
+// lastAt is the time of the latest record of hand-off id, as Unix
+// nanoseconds.
+func (b tree) lastAt(id []byte) uint64 {
 	var last []byte
-	for k, v := c.Seek(key); k != nil && bytes.HasPrefix(k, key) && len(k) == len(key)+8; k, v = c.Next() {
+	_, _ = b.each(id, func(_ uint64, v []byte) error {
 		last = v
-	}
+		return nil
+	})
 	if last == nil {
 		return 0
 	}
@@ -114,9 +115,15 @@ func lastAt(steps *bolt.Bucket, key []byte) uint64 {
 	return uint64(r.At.UnixNano())
 }
 
-func deletePrefix(b *bolt.Bucket, prefix []byte) error {
-	c := b.Cursor()
-	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix) && len(k) == len(prefix)+8; k, _ = c.Seek(prefix) {
+// remove deletes hand-off id's records and its entry in the key index.
+func (b tree) remove(id []byte) error {
+	c := b.records.Cursor()
+	for k, v := c.Seek(id); k != nil && len(k) == 2*idLen && bytes.Equal(k[:idLen], id); k, v = c.Seek(id) {
+		if binary.BigEndian.Uint64(k[idLen:]) == 0 {
+			if err := b.ids.Delete(v); err != nil {
+				return err
+			}
+		}
 		if err := c.Delete(); err != nil {
 			return err
 		}

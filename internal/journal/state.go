@@ -1,7 +1,6 @@
 package journal
 
 import (
-	"bytes"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -84,16 +83,28 @@ func (s *State) apply(r Record) {
 // State reads the state of hand-off k.
 func (j *Journal) State(k Key) (State, error) {
 	var s State
-	prefix := k.encode(nil)
 	err := j.db.View(func(tx *bolt.Tx) error {
-		c := tx.Bucket(bucketSteps).Cursor()
-		for key, v := c.Seek(prefix); key != nil && bytes.HasPrefix(key, prefix) && len(key) == len(prefix)+8; key, v = c.Next() {
-			r, err := Decode(v)
-			if err != nil {
-				return err
-			}
-			s.apply(r)
+		b := buckets(tx)
+		id := b.lookup(k.encode(nil))
+		if id == nil {
+			return nil
 		}
+		var err error
+		s, err = b.state(id)
+		return err
+	})
+	return s, err
+}
+
+// state folds the records of hand-off id.
+func (b tree) state(id []byte) (State, error) {
+	var s State
+	_, err := b.each(id, func(_ uint64, v []byte) error {
+		r, err := Decode(v)
+		if err != nil {
+			return err
+		}
+		s.apply(r)
 		return nil
 	})
 	return s, err
