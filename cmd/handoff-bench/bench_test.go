@@ -1,7 +1,6 @@
 package main
 
 import (
-	"fmt"
 	"net/http"
 	"os/exec"
 	"runtime"
@@ -17,7 +16,7 @@ func TestAnswerMix(t *testing.T) {
 	const n = 20000
 	poison, transient := 0, 0
 	for i := range n {
-		id := fmt.Sprint("m-", i)
+		id := msgID(i)
 		switch answer(id, 1, true) {
 		case http.StatusUnprocessableEntity:
 			poison++
@@ -39,6 +38,27 @@ func TestAnswerMix(t *testing.T) {
 	}
 	if p := float64(transient) / n; p < 0.08 || p > 0.12 {
 		t.Errorf("transient share %.3f, want about 0.10", p)
+	}
+}
+
+// Message ids are unique, UUID-shaped, and not in counting order.
+func TestMsgIDs(t *testing.T) {
+	seen := map[string]bool{}
+	ordered := 0
+	prev := ""
+	for i := range 100000 {
+		id := msgID(i)
+		if len(id) != 36 || id[14] != '4' || seen[id] {
+			t.Fatalf("msgID(%d) = %q: not a fresh UUID-shaped id", i, id)
+		}
+		seen[id] = true
+		if id > prev {
+			ordered++
+		}
+		prev = id
+	}
+	if ordered > 55000 || ordered < 45000 {
+		t.Errorf("%d of 100000 ids sort after the one before: not scattered", ordered)
 	}
 }
 

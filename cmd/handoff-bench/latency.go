@@ -105,7 +105,7 @@ func producePaced(o options, topic string, rate float64, d time.Duration) (int, 
 			break
 		}
 		for want := int(now.Sub(start).Seconds() * rate); n < want; n++ {
-			id := fmt.Sprint("l-", n)
+			id := msgID(n)
 			wg.Add(1)
 			cl.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte(id), Value: body(id), Headers: []kgo.RecordHeader{
 				{Key: "ce_id", Value: []byte(id)},
@@ -178,7 +178,7 @@ func publishPaced(o options, q string, rate float64, d time.Duration) (int, erro
 		}
 		for want := int(now.Sub(start).Seconds() * rate); n < want; n++ {
 			err := ch.PublishWithContext(context.Background(), "", q, false, false, amqp.Publishing{
-				MessageId: fmt.Sprint("l-", n), Body: body(fmt.Sprint("l-", n)), DeliveryMode: amqp.Persistent,
+				MessageId: msgID(n), Body: body(msgID(n)), DeliveryMode: amqp.Persistent,
 				Headers: amqp.Table{"x-sent": strconv.FormatInt(time.Now().UnixNano(), 10)},
 			})
 			if err != nil {

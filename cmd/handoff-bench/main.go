@@ -61,6 +61,8 @@ type options struct {
 	skipSlow  bool
 	profile   string // a directory for the consumer runs' CPU profiles
 	only      string // rabbitmq or kafka: one broker's runs
+	compare   string // a second sidecar binary: compare the two, nothing else
+	rounds    int    // rounds of a comparison
 }
 
 func runHarness(args []string) error {
@@ -75,6 +77,8 @@ func runHarness(args []string) error {
 	fs.BoolVar(&o.skipSlow, "skip-slow", false, "leave out journal.sync: always and ordering: partition (slow by design)")
 	fs.StringVar(&o.profile, "profile", "", "write each consumer run's CPU profile (pprof) into this directory")
 	fs.StringVar(&o.only, "only", "", "rabbitmq or kafka: run one broker's columns")
+	fs.StringVar(&o.compare, "compare", "", "another sidecar binary: run only the single-message sidecar rows, alternating the two binaries, and print them")
+	fs.IntVar(&o.rounds, "rounds", 3, "rounds of -compare")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -93,6 +97,9 @@ func runHarness(args []string) error {
 		if err := os.MkdirAll(o.profile, 0o755); err != nil {
 			return err
 		}
+	}
+	if o.compare != "" {
+		return compare(o)
 	}
 	started := time.Now()
 	var rows []row
@@ -185,6 +192,41 @@ func runHarness(args []string) error {
 		return err
 	}
 	fmt.Printf("wrote %s (%v)\n", o.out, time.Since(started).Round(time.Second))
+	return nil
+}
+
+// compare runs the single-message sidecar rows of each broker with the
+// sidecar binary and with o.compare in turn, o.rounds times: on a noisy
+// machine, alternating is what makes two builds comparable.
+func compare(o options) error {
+	other, err := filepath.Abs(o.compare)
+	if err != nil {
+		return err
+	}
+	bins := []string{o.sidecar, other}
+	for round := 1; round <= o.rounds; round++ {
+		for _, bin := range bins {
+			ob := o
+			ob.sidecar = bin
+			tag := fmt.Sprintf(" [%s, round %d]", filepath.Base(bin), round)
+			if o.only != "kafka" {
+				r, err := rabbitSidecar(ob, "batch", false, false)
+				if err != nil {
+					r.note = "failed: " + err.Error()
+				}
+				r.name += tag
+				fmt.Println(r.line(0))
+			}
+			if o.only != "rabbitmq" {
+				r, err := kafkaSidecar(ob, "none", false, false)
+				if err != nil {
+					r.note = "failed: " + err.Error()
+				}
+				r.name += tag
+				fmt.Println(r.line(0))
+			}
+		}
+	}
 	return nil
 }
 
