@@ -47,7 +47,7 @@ func (j *Journal) Compact() (int, error) {
 
 func (j *Journal) compactOnce(cutoff time.Time) (removed int, more bool, err error) {
 	limit := uint64(cutoff.UnixNano())
-	err = j.db.Update(func(tx *bolt.Tx) error {
+	err = j.update(func(tx *bolt.Tx) error {
 		b := buckets(tx)
 		c := b.expiry.Cursor()
 		for k, _ := c.First(); k != nil; k, _ = c.First() {
@@ -67,7 +67,7 @@ func (j *Journal) compactOnce(cutoff time.Time) (removed int, more bool, err err
 			if b.pending.Get(id) != nil || b.lastAt(id) >= limit {
 				continue
 			}
-			if err := b.remove(id); err != nil {
+			if err := j.remove(b, id); err != nil {
 				return err
 			}
 			removed++
@@ -84,7 +84,7 @@ func (j *Journal) compactOnce(cutoff time.Time) (removed int, more bool, err err
 			}
 		}
 		for _, id := range stale {
-			if err := b.remove(id); err != nil {
+			if err := j.remove(b, id); err != nil {
 				return err
 			}
 			if err := b.pending.Delete(id); err != nil {
@@ -115,11 +115,13 @@ func (b tree) lastAt(id []byte) uint64 {
 	return uint64(r.At.UnixNano())
 }
 
-// remove deletes hand-off id's records and its entry in the key index.
-func (b tree) remove(id []byte) error {
+// remove deletes hand-off id's records and its entry in the key index and
+// the id cache.
+func (j *Journal) remove(b tree, id []byte) error {
 	c := b.records.Cursor()
 	for k, v := c.Seek(id); k != nil && len(k) == 2*idLen && bytes.Equal(k[:idLen], id); k, v = c.Seek(id) {
 		if binary.BigEndian.Uint64(k[idLen:]) == 0 {
+			delete(j.ids, string(v))
 			if err := b.ids.Delete(v); err != nil {
 				return err
 			}

@@ -214,3 +214,33 @@ func TestRetentionSteadyState(t *testing.T) {
 		}
 	}
 }
+
+// TestCompactedHandoffStartsAfresh: an event that comes back after its
+// hand-off was compacted away is written as a new hand-off, under its own
+// key, not into the removed one's place (which the writer had just used).
+func TestCompactedHandoffStartsAfresh(t *testing.T) {
+	clock := newFakeClock()
+	j, _ := openJournal(t, newPath(t), Options{Retention: time.Hour, Now: clock.Now})
+	k := Key{Source: "s", EventID: "back-again"}
+	appendOK(t, j, k, storySettledSuccess(clock.Now())...)
+	clock.Advance(2 * time.Hour)
+	if n, err := j.Compact(); err != nil || n != 1 {
+		t.Fatalf("Compact = %d, %v; want the one hand-off removed", n, err)
+	}
+	appendOK(t, j, k, Record{Kind: Received})
+	if got := timeline(t, j, k); len(got) != 1 || got[0].Kind != Received {
+		t.Fatalf("timeline of the returning event = %+v, want its one new record", got)
+	}
+	n := 0
+	if err := j.Scan(Filter{}, func(got Key, _ []Step) error {
+		if n++; got != k {
+			t.Errorf("Scan found %s", got)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("Scan: %v", err)
+	}
+	if n != 1 {
+		t.Errorf("Scan found %d hand-offs, want 1", n)
+	}
+}

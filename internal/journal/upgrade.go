@@ -28,7 +28,7 @@ func (j *Journal) upgrade() error {
 	j.log.Info("upgrading the journal to a new format", "path", j.path, "from", 1, "to", formatVersion)
 	for {
 		done := false
-		err := j.db.Update(func(tx *bolt.Tx) error {
+		err := j.update(func(tx *bolt.Tx) error {
 			if err := createBuckets(tx); err != nil {
 				return err
 			}
