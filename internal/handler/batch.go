@@ -3,7 +3,6 @@ package handler
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -121,8 +120,32 @@ func (b *Batcher) collect() {
 	}
 }
 
-// event is one structured-mode CloudEvent of a batch.
-type event map[string]any
+// event is one structured-mode CloudEvent of a batch. Its extension
+// attributes from the message's headers, which have no field, and its JSON
+// data, checked already and copied as it is (encoding/json would check it
+// again and compact it), are written after the fields by encodeBatch.
+type event struct {
+	SpecVersion        string   `json:"specversion"`
+	ID                 string   `json:"id"`
+	Source             string   `json:"source"`
+	Type               string   `json:"type"`
+	DataContentType    string   `json:"datacontenttype,omitempty"`
+	HandoffAttempt     string   `json:"handoffattempt"`
+	HandoffDeadline    string   `json:"handoffdeadline,omitempty"`
+	HandoffRedelivered string   `json:"handoffredelivered"`
+	HandoffReplayID    string   `json:"handoffreplayid,omitempty"`
+	DataBase64         []byte   `json:"data_base64,omitempty"` // encoding/json writes it as base64
+	data               []byte   // JSON
+	ext                []string // name, value, name, value…
+}
+
+// fieldAttrs are the attributes event has fields for: an extension of the
+// same name is not written, the sidecar's own value wins.
+var fieldAttrs = map[string]bool{
+	"specversion": true, "id": true, "source": true, "type": true, "datacontenttype": true,
+	"handoffattempt": true, "handoffdeadline": true, "handoffredelivered": true, "handoffreplayid": true,
+	"data": true, "data_base64": true,
+}
 
 // batchResult is one event's answer in the app's response.
 type batchResult struct {
@@ -137,10 +160,10 @@ func (b *Batcher) send(batch []*pending) {
 	h := b.h
 	start := h.now()
 	timeout := batch[0].r.Timeout
-	events := make([]event, len(batch))
+	reqs := make([]*Request, len(batch))
 	for i, p := range batch {
 		timeout = min(timeout, p.r.Timeout)
-		events[i] = structured(p.r)
+		reqs[i] = p.r
 	}
 	answer := func(res Result) {
 		res.Latency = h.now().Sub(start)
@@ -148,7 +171,7 @@ func (b *Batcher) send(batch []*pending) {
 			p.res <- res
 		}
 	}
-	body, err := json.Marshal(events)
+	body, err := encodeBatch(reqs)
 	if err != nil {
 		answer(Result{Outcome: budget.Permanent, Detail: "encode batch: " + err.Error()})
 		return
@@ -213,6 +236,45 @@ func (b *Batcher) send(batch []*pending) {
 	}
 }
 
+// encodeBatch writes the attempts as a JSON array of structured events.
+func encodeBatch(reqs []*Request) ([]byte, error) {
+	size := 2
+	for _, r := range reqs {
+		size += 4*len(r.Message.Body)/3 + 512
+	}
+	var buf bytes.Buffer
+	buf.Grow(size)
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	buf.WriteByte('[')
+	for i, r := range reqs {
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		e := structured(r)
+		if err := enc.Encode(&e); err != nil {
+			return nil, err
+		}
+		buf.Truncate(buf.Len() - 2) // the closing brace and Encode's newline
+		for j := 0; j < len(e.ext); j += 2 {
+			buf.WriteString(`,"`)
+			buf.WriteString(e.ext[j]) // validAttr: nothing to escape
+			buf.WriteString(`":`)
+			if err := enc.Encode(e.ext[j+1]); err != nil {
+				return nil, err
+			}
+			buf.Truncate(buf.Len() - 1)
+		}
+		if e.data != nil {
+			buf.WriteString(`,"data":`)
+			buf.Write(e.data)
+		}
+		buf.WriteByte('}')
+	}
+	buf.WriteByte(']')
+	return buf.Bytes(), nil
+}
+
 // eventResult classifies one event's answer: its outcome name wins, else its
 // status through the same table as single delivery, else success.
 func (h *HTTP) eventResult(r batchResult, status int, now time.Time, latency time.Duration) Result {
@@ -258,29 +320,32 @@ func (h *HTTP) eventResult(r batchResult, status int, now time.Time, latency tim
 // CloudEvents attributes have no place in structured mode and are left out.
 func structured(r *Request) event {
 	m := r.Message
-	e := event{"specversion": SpecVersion, "id": r.EventID}
-	source, typ, contentType := ceAttributes(r, func(attr, v string) {
-		if attr != "data" && attr != "data_base64" && validAttr(attr) {
-			e[attr] = v
+	e := event{SpecVersion: SpecVersion, ID: r.EventID}
+	e.Source, e.Type, e.DataContentType = ceAttributes(r, func(attr, v string) {
+		if fieldAttrs[attr] || !validAttr(attr) {
+			return
 		}
+		for i := 0; i < len(e.ext); i += 2 {
+			if e.ext[i] == attr {
+				// Two spellings of one attribute (ce-x and ce_x): the
+				// smaller value, so that every attempt sends the same.
+				e.ext[i+1] = min(e.ext[i+1], v)
+				return
+			}
+		}
+		e.ext = append(e.ext, attr, v)
 	}, nil)
-	e["source"], e["type"] = source, typ
-	if contentType != "" {
-		e["datacontenttype"] = contentType
-	}
-	if isJSON(contentType) && json.Valid(m.Body) {
-		e["data"] = json.RawMessage(m.Body)
+	if isJSON(e.DataContentType) && json.Valid(m.Body) {
+		e.data = m.Body
 	} else if len(m.Body) > 0 {
-		e["data_base64"] = base64.StdEncoding.EncodeToString(m.Body)
+		e.DataBase64 = m.Body
 	}
-	e["handoffattempt"] = strconv.Itoa(r.Attempt)
+	e.HandoffAttempt = strconv.Itoa(r.Attempt)
 	if !r.Deadline.IsZero() {
-		e["handoffdeadline"] = r.Deadline.UTC().Format(broker.TimeLayout)
+		e.HandoffDeadline = r.Deadline.UTC().Format(broker.TimeLayout)
 	}
-	e["handoffredelivered"] = strconv.FormatBool(r.Redelivered)
-	if r.ReplayID != "" {
-		e["handoffreplayid"] = r.ReplayID
-	}
+	e.HandoffRedelivered = strconv.FormatBool(r.Redelivered)
+	e.HandoffReplayID = r.ReplayID
 	return e
 }
 

@@ -1,6 +1,7 @@
 package handler
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -226,5 +227,59 @@ func TestBatchResponseNamingAnEventTwiceIsUnknown(t *testing.T) {
 	res := deliverAll(b, attempt("o-1", nil, ""), attempt("o-2", nil, ""))
 	if res[0].Outcome != budget.Unknown || res[1].Outcome != budget.Success {
 		t.Fatalf("outcomes %v (%s) and %v, want unknown and success", res[0].Outcome, res[0].Detail, res[1].Outcome)
+	}
+}
+
+// TestEncodeBatchAttributes: every event of a batch is one JSON object with
+// each attribute once: the sidecar's own attributes win over a message
+// header of the same name, two spellings of one extension send one value
+// (the same on every attempt), and JSON data is copied as it is.
+func TestEncodeBatchAttributes(t *testing.T) {
+	r := &Request{
+		Message: &broker.Message{ContentType: "application/json", Body: []byte("{\"a\": [1,\n 2]}"), Headers: broker.Headers{
+			"ce-handoffattempt": "99", "ce_id": "forged", "ce-data": "x",
+			"ce-tenant": "b", "ce_tenant": "a", "cloudEvents:Tenant": "c", "ce-traceparent": "00-1-2-01",
+		}},
+		EventID: "e-1", Source: "/s", Type: "t", Attempt: 3, Deadline: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC),
+	}
+	for range 20 { // header order is map order: every encoding must agree
+		body, err := encodeBatch([]*Request{r, {Message: &broker.Message{Body: []byte{0, 1, 2}}, EventID: "e-2"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := json.NewDecoder(bytes.NewReader(body))
+		var events []json.RawMessage
+		if err := dec.Decode(&events); err != nil || len(events) != 2 {
+			t.Fatalf("batch %s: %v", body, err)
+		}
+		keys := map[string]int{}
+		d := json.NewDecoder(bytes.NewReader(events[0]))
+		d.Token() // {
+		for d.More() {
+			k, _ := d.Token()
+			keys[k.(string)]++
+			var v json.RawMessage
+			if err := d.Decode(&v); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for k, n := range keys {
+			if n != 1 {
+				t.Errorf("attribute %q written %d times in %s", k, n, events[0])
+			}
+		}
+		var e map[string]any
+		_ = json.Unmarshal(events[0], &e)
+		if e["handoffattempt"] != "3" || e["id"] != "e-1" || e["tenant"] != "a" || e["traceparent"] != "00-1-2-01" {
+			t.Errorf("event attributes: %v", e)
+		}
+		if !bytes.Contains(events[0], []byte("\"data\":{\"a\": [1,\n 2]}")) {
+			t.Errorf("JSON data not copied as it is: %s", events[0])
+		}
+		var bin map[string]any
+		_ = json.Unmarshal(events[1], &bin)
+		if bin["data_base64"] != "AAEC" || bin["data"] != nil {
+			t.Errorf("binary event: %v", bin)
+		}
 	}
 }
