@@ -184,7 +184,7 @@ func (b *Batcher) send(batch []*pending) {
 		return
 	}
 	req.Header.Set("Content-Type", BatchContentType)
-	resp, err := h.client.Do(req)
+	resp, err := h.tr.RoundTrip(req)
 	if err != nil {
 		answer(Result{Outcome: transportOutcome(err), Detail: err.Error()})
 		return

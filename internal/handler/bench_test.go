@@ -1,13 +1,16 @@
 package handler
 
 import (
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/budget"
 )
 
 // BenchmarkSetHeaders builds the headers of one attempt, as every call does:
@@ -68,4 +71,33 @@ func BenchmarkEncodeBatch(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkDeliver makes single-message attempts against an app on
+// loopback that answers at once, 64 at a time, as the sidecar does.
+func BenchmarkDeliver(b *testing.B) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+	}))
+	defer srv.Close()
+	h, err := NewHTTP(HTTPOptions{URL: srv.URL, MaxConcurrency: 64, Classifier: mustClassifier(b, nil)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer h.Close()
+	body := []byte(strings.Repeat("x", 1024))
+	b.SetParallelism(32)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			r := &Request{
+				Message: &broker.Message{Body: body, Headers: broker.Headers{"ce_id": "e"}},
+				EventID: "6f1c2b1e-8a3d-4c1e-9f0a-1b2c3d4e5f60", Source: "/handoff/orders", Type: "handoff.message",
+				Attempt: 1, Deadline: time.Now().Add(time.Minute), Timeout: 10 * time.Second,
+			}
+			if res := h.Deliver(b.Context(), r); res.Outcome != budget.Success {
+				b.Fatal(res.Detail)
+			}
+		}
+	})
 }

@@ -11,7 +11,7 @@ import (
 // now0 is the fixed "now" of every clock-dependent classifier test.
 var now0 = time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
 
-func mustClassifier(t *testing.T, overrides map[string]string) *Classifier {
+func mustClassifier(t testing.TB, overrides map[string]string) *Classifier {
 	t.Helper()
 	c, err := NewClassifier(overrides)
 	if err != nil {

@@ -58,7 +58,12 @@ type HTTPOptions struct {
 type HTTP struct {
 	url        string
 	addr       string // host:port, for Probe
-	client     *http.Client
+	// tr makes the calls. Not through an http.Client: a redirect is the
+	// app's answer, classified like any other (3xx is permanent by default),
+	// and following it would turn the POST into a GET elsewhere and ack a
+	// message the app never saw; and Client.Do copies every request's
+	// headers in case it has to follow one.
+	tr         *http.Transport
 	classifier *Classifier
 	now        func() time.Time
 }
@@ -94,18 +99,11 @@ func NewHTTP(o HTTPOptions) (*HTTP, error) {
 		IdleConnTimeout:     90 * time.Second,
 		TLSHandshakeTimeout: 5 * time.Second,
 	}
-	client := &http.Client{
-		Transport: tr,
-		// A redirect is the app's answer, classified like any other (3xx is
-		// permanent by default). Following it would turn the POST into a GET
-		// elsewhere and ack a message the app never saw.
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}
-	return &HTTP{url: o.URL, addr: addr, client: client, classifier: o.Classifier, now: time.Now}, nil
+	return &HTTP{url: o.URL, addr: addr, tr: tr, classifier: o.Classifier, now: time.Now}, nil
 }
 
 // Close releases idle connections.
-func (h *HTTP) Close() { h.client.CloseIdleConnections() }
+func (h *HTTP) Close() { h.tr.CloseIdleConnections() }
 
 // Probe reports whether the app accepts connections.
 func (h *HTTP) Probe(ctx context.Context) error {
@@ -127,8 +125,9 @@ func (h *HTTP) Deliver(ctx context.Context, r *Request) Result {
 	if err != nil {
 		return Result{Outcome: budget.Permanent, Detail: "build request: " + err.Error()}
 	}
+	req.Header = make(http.Header, 10+len(r.Message.Headers)) // no growing
 	setHeaders(req.Header, r)
-	resp, err := h.client.Do(req)
+	resp, err := h.tr.RoundTrip(req)
 	if err != nil {
 		return Result{Outcome: transportOutcome(err), Detail: err.Error(), Latency: h.now().Sub(start)}
 	}
