@@ -122,7 +122,12 @@ func BenchmarkHandoffs(b *testing.B) {
 	for _, ids := range []string{"random", "counted"} {
 		b.Run("ids="+ids, func(b *testing.B) {
 			path := filepath.Join(b.TempDir(), "journal.db")
-			j, _, err := Open(path, testOptions(Options{Sync: SyncBatch}))
+			var commits, records atomic.Int64
+			j, _, err := Open(path, testOptions(Options{Sync: SyncBatch, BeforeCommit: func(n int) error {
+				commits.Add(1)
+				records.Add(int64(n))
+				return nil
+			}}))
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -162,6 +167,8 @@ func BenchmarkHandoffs(b *testing.B) {
 			wg.Wait()
 			b.SetParallelism(32)
 			b.ReportAllocs()
+			commits.Store(0)
+			records.Store(0)
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
@@ -173,6 +180,7 @@ func BenchmarkHandoffs(b *testing.B) {
 			})
 			b.StopTimer()
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "handoffs/s")
+			b.ReportMetric(float64(records.Load())/float64(max(commits.Load(), 1)), "records/commit")
 		})
 	}
 }
