@@ -56,8 +56,8 @@ type HTTPOptions struct {
 // HTTP delivers messages with POST in CloudEvents binary content mode. It is
 // safe for concurrent use.
 type HTTP struct {
-	url        string
-	addr       string // host:port, for Probe
+	url  string
+	addr string // host:port, for Probe
 	// tr makes the calls. Not through an http.Client: a redirect is the
 	// app's answer, classified like any other (3xx is permanent by default),
 	// and following it would turn the POST into a GET elsewhere and ack a
