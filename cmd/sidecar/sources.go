@@ -66,6 +66,7 @@ func kafkaSource(sc config.Source, tiers []time.Duration, journalPath string, lo
 		Declare:        *k.Declare,
 		Ordering:       k.Ordering,
 		MaxInFlight:    k.MaxInFlight,
+		FetchMaxBytes:  int32(k.FetchMaxBytes),
 		SessionTimeout: k.SessionTimeout.D(),
 		InstanceID:     k.InstanceID,
 		Logger:         log,

@@ -71,6 +71,10 @@ type Kafka struct {
 	// MaxInFlight bounds records handed out and not yet settled. Zero means
 	// four times handler.max_concurrency.
 	MaxInFlight int `yaml:"max_in_flight"`
+	// FetchMaxBytes bounds one fetch from the brokers, which is what the
+	// sidecar buffers besides the records in flight. Zero means 8 MiB. A
+	// record larger than it is still fetched, alone.
+	FetchMaxBytes int `yaml:"fetch_max_bytes"`
 	// SessionTimeout is how long the group waits for a member that stopped
 	// heartbeating (a crashed sidecar) before its partitions move. Zero means
 	// 45s, the client's default.
@@ -164,6 +168,13 @@ func Default() Config {
 	}
 }
 
+// kafka.fetch_max_bytes when it is not set, and its largest value: what the
+// Kafka client reads from a broker in one response.
+const (
+	DefaultFetchMaxBytes = 8 << 20
+	MaxFetchMaxBytes     = 100 << 20
+)
+
 // applySourceDefaults fills per-source defaults that depend on other keys.
 func (c *Config) applySourceDefaults() {
 	for i := range c.Sources {
@@ -177,6 +188,9 @@ func (c *Config) applySourceDefaults() {
 			}
 			if k.MaxInFlight == 0 {
 				k.MaxInFlight = 4 * c.Handler.MaxConcurrency
+			}
+			if k.FetchMaxBytes == 0 {
+				k.FetchMaxBytes = DefaultFetchMaxBytes
 			}
 		}
 		if r := c.Sources[i].RabbitMQ; r != nil {

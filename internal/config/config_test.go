@@ -57,7 +57,7 @@ func TestParseValid(t *testing.T) {
 func TestParseDefaults(t *testing.T) {
 	cfg, err := Parse([]byte(`
 handler: {url: "http://127.0.0.1:8080/events", max_concurrency: 8}
-sources: [{name: a, rabbitmq: {url: "amqp://localhost/", queue: a}}]
+sources: [{name: a, rabbitmq: {url: "amqp://localhost/", queue: a}}, {name: b, kafka: {brokers: ["127.0.0.1:9092"], topic: t, group: g}}]
 retry: {tiers: [2s]}
 `))
 	if err != nil {
@@ -68,6 +68,9 @@ retry: {tiers: [2s]}
 	}
 	if got := cfg.Sources[0].RabbitMQ.Prefetch; got != 8 {
 		t.Errorf("prefetch default = %d, want handler.max_concurrency (8)", got)
+	}
+	if k := cfg.Sources[1].Kafka; k.MaxInFlight != 32 || k.FetchMaxBytes != 8<<20 {
+		t.Errorf("kafka defaults: max_in_flight %d, fetch_max_bytes %d; want 32 and 8 MiB", k.MaxInFlight, k.FetchMaxBytes)
 	}
 	if b := cfg.Budget; b.Ratio != 0.2 || b.MinPerSecond != 10 || b.Window.D() != 10*time.Second || cfg.Retry.TrustProducerDeadline {
 		t.Errorf("budget defaults = %+v, trust_producer_deadline = %v; want 0.2, 10/s, 10s, false", b, cfg.Retry.TrustProducerDeadline)
@@ -141,9 +144,10 @@ func TestParseProblems(t *testing.T) {
       url: amqp://guest:guest@127.0.0.1:5672/
       queue: orders
       prefetch: 100
-`, "    kafka: {brokers: [\"nohost\"], ordering: sideways}\n"), []string{
+`, "    kafka: {brokers: [\"nohost\"], ordering: sideways, fetch_max_bytes: 209715200}\n"), []string{
 			"sources[0].kafka.brokers[0]: want host:port", "sources[0].kafka.topic: required",
 			"sources[0].kafka.group: required", "sources[0].kafka.ordering: want none, key or partition",
+			"sources[0].kafka.fetch_max_bytes: want a number of bytes up to 104857600",
 		}},
 		{"every problem at once", replace(t, "max_attempts: 4\n  base: 100ms\n  cap: 2s\n  tiers: [1s, 10s, 1m, 10m]", "max_attempts: 0\n  base: 100ms\n  cap: 1ms\n  tiers: [2s, 1s]"), []string{
 			"retry.max_attempts:", "retry.cap:", "retry.tiers[1]:",

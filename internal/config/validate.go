@@ -146,6 +146,9 @@ func (k *Kafka) validate(path string, ps *Problems) {
 	if k.MaxInFlight < 0 {
 		ps.add(path+".max_in_flight", "must not be negative")
 	}
+	if k.FetchMaxBytes < 0 || k.FetchMaxBytes > MaxFetchMaxBytes {
+		ps.add(path+".fetch_max_bytes", "want a number of bytes up to %d (100 MiB; 0 means 8 MiB), got %d", MaxFetchMaxBytes, k.FetchMaxBytes)
+	}
 	if k.SessionTimeout < 0 {
 		ps.add(path+".session_timeout", "must not be negative")
 	}

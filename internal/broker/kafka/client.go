@@ -31,6 +31,10 @@ type Options struct {
 	// MaxInFlight bounds records handed out and not yet settled: Kafka has
 	// no prefetch, so this is what holds intake back. Zero means 256.
 	MaxInFlight int
+	// FetchMaxBytes bounds one fetch; zero keeps the client's default
+	// (50 MiB). The client buffers one fetch at a time: Consume takes only
+	// the records it can hand out.
+	FetchMaxBytes int32
 	// RevokeTimeout bounds how long a revoked partition's records in flight
 	// may finish before they are abandoned; zero means 10s.
 	RevokeTimeout time.Duration
@@ -186,6 +190,9 @@ func New(o Options) (*Client, error) {
 	if o.SessionTimeout > 0 {
 		opts = append(opts, kgo.SessionTimeout(o.SessionTimeout))
 	}
+	if o.FetchMaxBytes > 0 {
+		opts = append(opts, kgo.FetchMaxBytes(o.FetchMaxBytes))
+	}
 	if o.InstanceID != "" {
 		opts = append(opts, kgo.InstanceID(o.InstanceID))
 	}
@@ -290,7 +297,11 @@ func (c *Client) partition(topic string, p int32) *partition {
 // is paused until it is, and the poll goes on for the others.
 func (c *Client) Consume(ctx context.Context, deliver func(broker.Delivery)) error {
 	for {
-		fetches := c.cl.PollFetches(ctx)
+		// Take only as many records as can be handed out now: the rest stay
+		// buffered in the client, which fetches no more until they are
+		// taken, so memory holds one fetch, not one being handed out and
+		// the next.
+		fetches := c.cl.PollRecords(ctx, max(cap(c.sem)-len(c.sem), 1))
 		if ctx.Err() != nil {
 			return nil
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -418,5 +419,31 @@ func TestRevokedPauseDoesNotOutliveTheAssignment(t *testing.T) {
 			t.Fatal("revoked partition still paused")
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestTakesOnlyWhatItCanHandOut: records beyond MaxInFlight stay buffered in
+// the client, which then fetches no more, so memory holds one fetch however
+// long the backlog. A consumer that took the whole fetch would hold it and
+// the next one at once.
+func TestTakesOnlyWhatItCanHandOut(t *testing.T) {
+	addrs := cluster(t, "backlog")
+	var recs []*kgo.Record
+	for i := range 500 {
+		recs = append(recs, &kgo.Record{Topic: "backlog", Value: []byte(strconv.Itoa(i))})
+	}
+	produce(t, addrs, recs...)
+	// Closing abandons what is unsettled at once.
+	c := newClientWith(t, Options{Brokers: addrs, Topic: "backlog", MaxInFlight: 10, RevokeTimeout: time.Millisecond})
+	t.Cleanup(func() { _ = c.Close() })
+	got := consume(t, c, 10, 10*time.Second)
+	time.Sleep(200 * time.Millisecond) // Consume is blocked on the eleventh
+	if len(got) != 10 {
+		t.Fatalf("%d deliveries handed out, want MaxInFlight (10)", len(got))
+	}
+	// Taken from the client: the ten handed out and, at most, the one
+	// waiting for a slot.
+	if buffered := c.cl.BufferedFetchRecords(); buffered < 500-11 {
+		t.Errorf("%d records left buffered in the client, want at least %d: Consume took more than it could hand out", buffered, 500-11)
 	}
 }
