@@ -2,6 +2,7 @@ package main
 
 import (
 	"net/http"
+	"os"
 	"os/exec"
 	"runtime"
 	"strings"
@@ -63,9 +64,9 @@ func TestMsgIDs(t *testing.T) {
 }
 
 func TestRenderNamesEveryRun(t *testing.T) {
-	rows := []row{{name: "ceiling", rate: 1000, calls: 1, noProcs: true}, {name: "sidecar", rate: 500, calls: 1.1, cpu: 2, rssMB: 40, vsBase: 0.5}}
+	rows := []row{{name: "ceiling", rate: 1000, calls: 1, noProcs: true}, {name: "sidecar", rate: 500, calls: 1.1, cpu: 2, rssMB: 40, anonMB: 25, vsBase: 0.5}}
 	md := render(options{n: 10}, rows, 1000, 0)
-	for _, want := range []string{"| ceiling | 1000 | 1.00 | — | — | — | 1.00 |", "| sidecar | 500 | 1.10 | 2.00 | 40.0 | 0.50 | 0.50 |"} {
+	for _, want := range []string{"| ceiling | 1000 | 1.00 | — | — | — | — | 1.00 |", "| sidecar | 500 | 1.10 | 2.00 | 40.0 | 25.0 | 0.50 | 0.50 |"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("table lacks %q:\n%s", want, md)
 		}
@@ -93,4 +94,31 @@ func TestPeakRSSIsTheChildsOwn(t *testing.T) {
 		t.Fatalf("sleep's peak RSS read as %d KiB (the harness holds %d MiB)", kib, len(ballast)>>20)
 	}
 	runtime.KeepAlive(ballast)
+}
+
+// The sampled anonymous peak sees memory a consumer touched and let go.
+func TestSampleAnonSeesAPeak(t *testing.T) {
+	if os.Getenv("HANDOFF_BENCH_ALLOC_CHILD") != "" {
+		b := make([]byte, 96<<20)
+		for i := range b {
+			b[i] = 1
+		}
+		time.Sleep(300 * time.Millisecond)
+		runtime.KeepAlive(b)
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestSampleAnonSeesAPeak$")
+	cmd.Env = append(os.Environ(), "HANDOFF_BENCH_ALLOC_CHILD=1")
+	done := make(chan struct{})
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	peak := sampleAnon(cmd.Process.Pid, done)
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	close(done)
+	if kib := peak(); kib < 90<<10 {
+		t.Errorf("peak anonymous memory read as %d KiB, want at least the 96 MiB the child held", kib)
+	}
 }

@@ -160,8 +160,10 @@ func consumer(name string, a *app, n int, cmd *exec.Cmd) (row, error) {
 	if err != nil {
 		return r, err
 	}
+	anon := sampleAnon(cmd.Process.Pid, p.done)
 	st, waitErr := a.waitDone(n, 10*time.Minute, p.done)
 	hwm, hwmErr := peakRSS(cmd.Process.Pid)
+	r.anonMB = float64(anon()) / 1024
 	p.stop()
 	if waitErr != nil {
 		return r, fmt.Errorf("%w; log tail: %s", waitErr, tail(p.logs.String()))
@@ -213,17 +215,52 @@ func (p *proc) stop() {
 // The rusage of a waited-for child is no good for this: its maxrss starts
 // at the resident size of the process that forked it (the harness), which
 // it keeps until exec.
-func peakRSS(pid int) (int64, error) {
+func peakRSS(pid int) (int64, error) { return statusKiB(pid, "VmHWM") }
+
+// statusKiB reads one of a process's memory figures from /proc, in KiB.
+func statusKiB(pid int, field string) (int64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, err
 	}
 	for line := range strings.SplitSeq(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
 			return strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
 		}
 	}
-	return 0, errors.New("no VmHWM in /proc status")
+	return 0, fmt.Errorf("no %s in /proc status", field)
+}
+
+// sampleAnon samples a process's anonymous resident memory (heap, stacks:
+// what RSS counts besides the file pages it maps, such as the journal's)
+// every 50ms until it exits or the returned function is called, which
+// returns the peak seen, in KiB. The kernel keeps no peak of it.
+func sampleAnon(pid int, exited <-chan struct{}) func() int64 {
+	stop := make(chan struct{})
+	peak := make(chan int64, 1)
+	go func() {
+		var hi int64
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			if v, err := statusKiB(pid, "RssAnon"); err == nil {
+				hi = max(hi, v)
+			}
+			select {
+			case <-t.C:
+			case <-stop:
+				peak <- hi
+				return
+			case <-exited:
+				peak <- hi
+				return
+			}
+		}
+	}()
+	return func() int64 {
+		close(stop)
+		return <-peak
+	}
 }
 
 func tail(s string) string {
