@@ -35,8 +35,16 @@ func TestMain(m *testing.M) {
 		childOpen(path)
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	for _, dir := range benchDirs {
+		_ = os.RemoveAll(dir)
+	}
+	os.Exit(code)
 }
+
+// benchDirs are directories benchmarks share across their runs, removed
+// when the test binary ends.
+var benchDirs []string
 
 // childOpen opens path, prints an openResult as JSON and returns.
 func childOpen(path string) {
