@@ -268,7 +268,7 @@ func render(o options, rows []row, ceil float64, took time.Duration) string {
 	fmt.Fprintf(&b, "# Benchmarks\n\nMeasured by `make bench` (`cmd/handoff-bench -n %d`) on %s; the whole run took %v.\n\n",
 		o.n, machine(), took.Round(time.Second))
 	b.WriteString("Every consumer drains the same preloaded backlog of 1 KiB messages (JSON with random content, which\n" +
-		"Kafka's compression cannot shrink) into the same app: a separate\n" +
+		"Kafka's compression cannot shrink; UUID-shaped ids, as most producers send) into the same app: a separate\n" +
 		"process that answers each POST at once. *rate* runs from the app's first call to its last new\n" +
 		"success. *CPU* (rusage) and peak *RSS* (VmHWM) are the consumer process's own: the sidecar, or the hand-written\n" +
 		"baseline (prefetch 256 or a poll loop, 64 workers posting over pooled keep-alive connections, ack or\n" +
