@@ -209,21 +209,18 @@ func compare(o options) error {
 			ob := o
 			ob.sidecar = bin
 			tag := fmt.Sprintf(" [%s, round %d]", filepath.Base(bin), round)
-			if o.only != "kafka" {
-				r, err := rabbitSidecar(ob, "batch", false, false)
+			show := func(r row, err error) {
 				if err != nil {
 					r.note = "failed: " + err.Error()
 				}
 				r.name += tag
 				fmt.Println(r.line(0))
 			}
+			if o.only != "kafka" {
+				show(rabbitSidecar(ob, "batch", false, false))
+			}
 			if o.only != "rabbitmq" {
-				r, err := kafkaSidecar(ob, "none", false, false)
-				if err != nil {
-					r.note = "failed: " + err.Error()
-				}
-				r.name += tag
-				fmt.Println(r.line(0))
+				show(kafkaSidecar(ob, "none", false, false))
 			}
 		}
 	}
