@@ -29,14 +29,22 @@ func setHeaders(h http.Header, r *Request) {
 		vals = append(vals, v)
 		h[name] = vals[len(vals)-1 : len(vals) : len(vals)]
 	}
+	// Two message headers can name one request header (ce-x and ce_x, or
+	// x-a and X-A): the smaller value is sent, so every attempt sends the
+	// same whatever the map order.
+	setOnce := func(name, v string) {
+		if old, ok := h[name]; !ok || v < old[0] {
+			set(name, v)
+		}
+	}
 	ceSource, ceType, contentType := ceAttributes(r, func(attr, v string) {
 		if validName(attr) {
-			set(http.CanonicalHeaderKey("ce-"+attr), v)
+			setOnce(http.CanonicalHeaderKey("ce-"+attr), v)
 		}
 	}, func(k, v string) {
 		name := http.CanonicalHeaderKey(k)
 		if validName(k) && !reserved[name] && !strings.HasPrefix(name, "Proxy-") {
-			set(name, v)
+			setOnce(name, v)
 		}
 	})
 	set("Ce-Id", r.EventID)

@@ -464,3 +464,24 @@ func isToken(s string) bool {
 	}
 	return true
 }
+
+// Two message headers that name one request header send one value, the
+// same on every attempt whatever the map order: the smaller.
+func TestSetHeadersSpellingsOfOneName(t *testing.T) {
+	r := &Request{
+		Message: &broker.Message{Headers: broker.Headers{
+			"ce-tenant": "b", "ce_tenant": "a", "cloudEvents:tenant": "c", "x-a": "2", "X-A": "1",
+		}},
+		EventID: "e", Source: "/s", Type: "t", Attempt: 1,
+	}
+	for range 50 {
+		h := http.Header{}
+		setHeaders(h, r)
+		if got := h["Ce-Tenant"]; len(got) != 1 || got[0] != "a" {
+			t.Fatalf("Ce-Tenant = %q, want [a]", got)
+		}
+		if got := h["X-A"]; len(got) != 1 || got[0] != "1" {
+			t.Fatalf("X-A = %q, want [1]", got)
+		}
+	}
+}
