@@ -142,12 +142,7 @@ type Journal struct {
 	failMu sync.Mutex
 	failed error // a failed commit: the journal accepts nothing more
 
-	// ids caches the ids of recently written hand-offs by encoded key: a
-	// hand-off's records come in a few requests, and all but the first
-	// skip the index lookup. It is only used inside write transactions,
-	// which bbolt runs one at a time, and is emptied when one fails (an id
-	// it handed out may not exist).
-	ids map[string][]byte
+	ids *idCache // see idCache: only write transactions use it
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -190,7 +185,7 @@ func Open(path string, o Options) (*Journal, Recovery, error) {
 		path: path, db: db, o: o, log: o.Logger, now: o.Now,
 		reqs: make(chan *request, 4*o.MaxBatch),
 		stop: make(chan struct{}),
-		ids:  map[string][]byte{},
+		ids:  newIDCache(),
 	}
 	rec, err := j.safeVerify()
 	if err != nil {
@@ -410,7 +405,7 @@ func (j *Journal) gatherAsync(batch []*request, n int) ([]*request, *request) {
 }
 
 func (j *Journal) commit(batch []*request) error {
-	return j.update(func(tx *bolt.Tx) error {
+	return j.db.Update(func(tx *bolt.Tx) error {
 		n, err := j.write(tx, batch)
 		if err != nil {
 			return err
@@ -422,40 +417,10 @@ func (j *Journal) commit(batch []*request) error {
 	})
 }
 
-// update runs fn in a write transaction and empties the id cache when the
-// transaction does not commit.
-func (j *Journal) update(fn func(*bolt.Tx) error) error {
-	err := j.db.Update(fn)
-	if err != nil {
-		clear(j.ids)
-	}
-	return err
-}
-
-// idCacheSize bounds the id cache; it is emptied when full.
-const idCacheSize = 4096
-
-// id returns the id of the hand-off with encoded key k, from the cache or
-// the index, giving it one when it has none.
-func (j *Journal) id(b tree, k []byte) ([]byte, error) {
-	if id, ok := j.ids[string(k)]; ok {
-		return id, nil
-	}
-	id, err := b.id(k)
-	if err != nil {
-		return nil, err
-	}
-	if len(j.ids) >= idCacheSize {
-		clear(j.ids)
-	}
-	id = bytes.Clone(id) // the index's copy lives in the file's mapping
-	j.ids[string(k)] = id
-	return id, nil
-}
-
 // write puts the batch's records in tx and returns how many it wrote.
 func (j *Journal) write(tx *bolt.Tx, batch []*request) (int, error) {
 	b := buckets(tx)
+	ids := j.resolver(tx, b)
 	now := j.now()
 	// bbolt keeps the key and value slices until the commit: they are cut
 	// from one slab, sized up front, rather than allocated each.
@@ -468,7 +433,7 @@ func (j *Journal) write(tx *bolt.Tx, batch []*request) (int, error) {
 	slab := make([]byte, 0, size)
 	n := 0
 	for _, r := range batch {
-		id, err := j.id(b, r.key)
+		id, err := ids.id(r.key)
 		if err != nil {
 			return n, err
 		}

@@ -48,13 +48,20 @@ func Repair(path string) (RepairReport, error) {
 		}
 		defer db.Close()
 		return db.View(func(tx *bolt.Tx) error {
-			if b := tx.Bucket(bucketRecords); b != nil {
-				return salvageRecords(b, &rep, keep)
+			// Both, in a journal whose upgrade stopped part way.
+			records, steps := tx.Bucket(bucketRecords), tx.Bucket(bucketSteps)
+			if records == nil && steps == nil {
+				return errors.New("no records bucket")
 			}
-			if b := tx.Bucket(bucketSteps); b != nil {
-				return salvageSteps(b, &rep, keep)
+			if records != nil {
+				if err := salvageRecords(records, &rep, keep); err != nil {
+					return err
+				}
 			}
-			return errors.New("no records bucket")
+			if steps != nil {
+				return salvageSteps(steps, &rep, keep)
+			}
+			return nil
 		})
 	}
 	rep.Stopped = salvage()

@@ -47,7 +47,7 @@ func (j *Journal) Compact() (int, error) {
 
 func (j *Journal) compactOnce(cutoff time.Time) (removed int, more bool, err error) {
 	limit := uint64(cutoff.UnixNano())
-	err = j.update(func(tx *bolt.Tx) error {
+	err = j.db.Update(func(tx *bolt.Tx) error {
 		b := buckets(tx)
 		c := b.expiry.Cursor()
 		for k, _ := c.First(); k != nil; k, _ = c.First() {
@@ -121,9 +121,13 @@ func (j *Journal) remove(b tree, id []byte) error {
 	c := b.records.Cursor()
 	for k, v := c.Seek(id); k != nil && len(k) == 2*idLen && bytes.Equal(k[:idLen], id); k, v = c.Seek(id) {
 		if binary.BigEndian.Uint64(k[idLen:]) == 0 {
-			delete(j.ids, string(v))
-			if err := b.ids.Delete(v); err != nil {
-				return err
+			j.ids.remove(v)
+			// Only the index entry that points here: should a key ever
+			// have had a second id, that one stays reachable.
+			if bytes.Equal(b.ids.Get(v), id) {
+				if err := b.ids.Delete(v); err != nil {
+					return err
+				}
 			}
 		}
 		if err := c.Delete(); err != nil {

@@ -21,44 +21,56 @@ var upgradeChunk = 4096
 // upgrade moves a format 1 journal into the current format, hand-off by
 // hand-off, in transactions of a bounded size: each moves whole hand-offs
 // and deletes them from the old buckets, so a crash part way leaves a journal
-// that the next start goes on upgrading. The indexes are rebuilt from the
-// records, the way the writer keeps them. The last transaction drops the old
-// buckets and sets the format.
+// that the next start goes on upgrading. Records are moved as they are; the
+// indexes are rebuilt from those that can be read, the way the writer keeps
+// them (one that cannot be read is kept, and shows as unreadable, as it did).
+// Hand-offs moved this way are numbered in key order, and their records get
+// new sequence numbers in the order they had. The last transaction drops the
+// old buckets and sets the format.
 func (j *Journal) upgrade() error {
 	j.log.Info("upgrading the journal to a new format", "path", j.path, "from", 1, "to", formatVersion)
 	for {
 		done := false
-		err := j.update(func(tx *bolt.Tx) error {
+		err := j.db.Update(func(tx *bolt.Tx) error {
 			if err := createBuckets(tx); err != nil {
 				return err
 			}
+			b := buckets(tx)
+			ids := j.resolver(tx, b)
 			steps := tx.Bucket(bucketSteps)
-			var batch []*request
 			n := 0
-			c := steps.Cursor()
-			k, v := c.First()
-			for k != nil && n < upgradeChunk {
+			for n < upgradeChunk {
+				k, _ := steps.Cursor().First()
+				if k == nil {
+					break
+				}
 				if len(k) < 8 {
 					return fmt.Errorf("%w: step key of %d bytes", ErrCorrupt, len(k))
 				}
 				key := append([]byte(nil), k[:len(k)-8]...)
-				req := &request{key: key}
-				for ; k != nil && len(k) == len(key)+8 && bytes.HasPrefix(k, key); k, v = c.Next() {
-					r, err := Decode(v)
-					if err != nil {
-						return fmt.Errorf("hand-off %x: %w", key, err)
-					}
-					req.recs = append(req.recs, r)
-				}
-				batch = append(batch, req)
-				n += len(req.recs)
-			}
-			if _, err := j.write(tx, batch); err != nil {
-				return err
-			}
-			for _, r := range batch {
-				if err := deletePrefix(steps, r.key); err != nil {
+				id, err := ids.id(key)
+				if err != nil {
 					return err
+				}
+				c := steps.Cursor()
+				for k, v := c.Seek(key); k != nil && len(k) == len(key)+8 && bytes.HasPrefix(k, key); k, v = c.Seek(key) {
+					seq, err := b.records.NextSequence()
+					if err != nil {
+						return err
+					}
+					raw := bytes.Clone(v)
+					if err := b.records.Put(binary.BigEndian.AppendUint64(bytes.Clone(id), seq), raw); err != nil {
+						return err
+					}
+					if rec, err := Decode(raw); err == nil {
+						if err := b.index(id, &rec); err != nil {
+							return err
+						}
+					}
+					if err := c.Delete(); err != nil {
+						return err
+					}
+					n++
 				}
 			}
 			if j.o.BeforeCommit != nil {
@@ -84,17 +96,6 @@ func (j *Journal) upgrade() error {
 			return nil
 		}
 	}
-}
-
-// deletePrefix deletes every format 1 step of the hand-off keyed prefix.
-func deletePrefix(b *bolt.Bucket, prefix []byte) error {
-	c := b.Cursor()
-	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix) && len(k) == len(prefix)+8; k, _ = c.Seek(prefix) {
-		if err := c.Delete(); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // upgradeError is a failed upgrade of a journal that was read whole: the

@@ -134,8 +134,12 @@ func TestUpgradeFromFormat1(t *testing.T) {
 		}
 	}
 	var open, wantOpen int
-	_ = j.Scan(Filter{Open: true}, func(Key, []Step) error { open++; return nil })
-	_ = want.Scan(Filter{Open: true}, func(Key, []Step) error { wantOpen++; return nil })
+	if err := j.Scan(Filter{Open: true}, func(Key, []Step) error { open++; return nil }); err != nil {
+		t.Fatalf("Scan after the upgrade: %v", err)
+	}
+	if err := want.Scan(Filter{Open: true}, func(Key, []Step) error { wantOpen++; return nil }); err != nil {
+		t.Fatal(err)
+	}
 	if open != wantOpen {
 		t.Errorf("%d open hand-offs after the upgrade, want %d", open, wantOpen)
 	}
@@ -249,6 +253,79 @@ func TestRepairFormat1(t *testing.T) {
 	keys, stories := format1Stories(20)
 	path := filepath.Join(t.TempDir(), "journal.db")
 	writeFormat1(t, path, keys, stories)
+	total := 0
+	for _, k := range keys {
+		total += len(stories[k])
+	}
+	rep, err := Repair(path)
+	if err != nil || rep.Stopped != nil {
+		t.Fatalf("Repair = %+v, %v", rep, err)
+	}
+	if rep.Kept != total || rep.Lost != 0 {
+		t.Errorf("Repair kept %d and lost %d records, want %d and 0", rep.Kept, rep.Lost, total)
+	}
+	j, _ := openJournal(t, path, Options{})
+	for _, k := range keys {
+		if got := timeline(t, j, k); len(got) != len(stories[k]) {
+			t.Errorf("%s: %d records after the repair, want %d", k, len(got), len(stories[k]))
+		}
+	}
+}
+
+// TestUpgradeKeepsADamagedRecord: a record that cannot be read moves across
+// as it is, shown as unreadable, as format 1 showed it; the upgrade does not
+// stop on it.
+func TestUpgradeKeepsADamagedRecord(t *testing.T) {
+	keys, stories := format1Stories(16)
+	path := newPath(t)
+	writeFormat1(t, path, keys, stories)
+	damaged := keys[len(keys)-1] // a settled hand-off
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		steps := tx.Bucket(bucketSteps)
+		k, v := steps.Cursor().Seek(damaged.encode(nil))
+		bad := append([]byte(nil), v...)
+		bad[len(bad)-1] ^= 0xff
+		return steps.Put(append([]byte(nil), k...), bad)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	j, _ := openJournal(t, path, Options{})
+	steps := timeline(t, j, damaged)
+	if len(steps) != len(stories[damaged]) || steps[0].Kind != 0 || !strings.Contains(steps[0].Detail, ErrCorrupt.Error()) {
+		t.Fatalf("timeline of the damaged hand-off = %+v, want its %d records, the first shown as unreadable", steps, len(stories[damaged]))
+	}
+	for _, k := range keys[:len(keys)-1] {
+		if got := timeline(t, j, k); len(got) != len(stories[k]) {
+			t.Errorf("%s: %d records, want %d", k, len(got), len(stories[k]))
+		}
+	}
+}
+
+// TestRepairOfAPartlyUpgradedJournal reads both layouts' buckets: the
+// hand-offs the upgrade had moved and those it had not.
+func TestRepairOfAPartlyUpgradedJournal(t *testing.T) {
+	defer func(n int) { upgradeChunk = n }(upgradeChunk)
+	upgradeChunk = 40
+	keys, stories := format1Stories(100)
+	path := filepath.Join(t.TempDir(), "journal.db")
+	writeFormat1(t, path, keys, stories)
+	txs := 0
+	if _, _, err := Open(path, testOptions(Options{BeforeCommit: func(int) error {
+		if txs++; txs == 3 {
+			return errors.New("crash")
+		}
+		return nil
+	}})); err == nil {
+		t.Fatal("Open with a failing upgrade transaction succeeded")
+	}
 	total := 0
 	for _, k := range keys {
 		total += len(stories[k])
