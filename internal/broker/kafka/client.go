@@ -364,7 +364,9 @@ func (c *Client) Consume(ctx context.Context, deliver func(broker.Delivery)) err
 }
 
 // pauseUntil pauses st and rewinds it to r, so r is fetched again once the
-// partition resumes at due.
+// partition resumes at due. Setting an offset drops what the client had
+// buffered and not yet handed to Consume, for every partition: those records
+// are fetched again (retry topics pause rarely, and hold few records).
 func (c *Client) pauseUntil(st *partition, r *kgo.Record, due time.Time) {
 	tps := map[string][]int32{r.Topic: {r.Partition}}
 	c.cl.PauseFetchPartitions(tps)

@@ -436,11 +436,8 @@ func TestTakesOnlyWhatItCanHandOut(t *testing.T) {
 	// Closing abandons what is unsettled at once.
 	c := newClientWith(t, Options{Brokers: addrs, Topic: "backlog", MaxInFlight: 10, RevokeTimeout: time.Millisecond})
 	t.Cleanup(func() { _ = c.Close() })
-	got := consume(t, c, 10, 10*time.Second)
+	consume(t, c, 10, 10*time.Second)
 	time.Sleep(200 * time.Millisecond) // Consume is blocked on the eleventh
-	if len(got) != 10 {
-		t.Fatalf("%d deliveries handed out, want MaxInFlight (10)", len(got))
-	}
 	// Taken from the client: the ten handed out and, at most, the one
 	// waiting for a slot.
 	if buffered := c.cl.BufferedFetchRecords(); buffered < 500-11 {
