@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -125,19 +126,22 @@ func (b *Batcher) collect() {
 // data, checked already and copied as it is (encoding/json would check it
 // again and compact it), are written after the fields by encodeBatch.
 type event struct {
-	SpecVersion        string   `json:"specversion"`
-	ID                 string   `json:"id"`
-	Source             string   `json:"source"`
-	Type               string   `json:"type"`
-	DataContentType    string   `json:"datacontenttype,omitempty"`
-	HandoffAttempt     string   `json:"handoffattempt"`
-	HandoffDeadline    string   `json:"handoffdeadline,omitempty"`
-	HandoffRedelivered string   `json:"handoffredelivered"`
-	HandoffReplayID    string   `json:"handoffreplayid,omitempty"`
-	DataBase64         []byte   `json:"data_base64,omitempty"` // encoding/json writes it as base64
-	data               []byte   // JSON
-	ext                []string // name, value, name, value…
+	SpecVersion        string `json:"specversion"`
+	ID                 string `json:"id"`
+	Source             string `json:"source"`
+	Type               string `json:"type"`
+	DataContentType    string `json:"datacontenttype,omitempty"`
+	HandoffAttempt     string `json:"handoffattempt"`
+	HandoffDeadline    string `json:"handoffdeadline,omitempty"`
+	HandoffRedelivered string `json:"handoffredelivered"`
+	HandoffReplayID    string `json:"handoffreplayid,omitempty"`
+	DataBase64         []byte `json:"data_base64,omitempty"` // encoding/json writes it as base64
+	data               []byte // JSON
+	ext                []attr // in name order
 }
+
+// attr is an extension attribute.
+type attr struct{ name, value string }
 
 // fieldAttrs are the attributes event has fields for: an extension of the
 // same name is not written, the sidecar's own value wins.
@@ -184,6 +188,7 @@ func (b *Batcher) send(batch []*pending) {
 		return
 	}
 	req.Header.Set("Content-Type", BatchContentType)
+	h.authorize(req)
 	resp, err := h.tr.RoundTrip(req)
 	if err != nil {
 		answer(Result{Outcome: transportOutcome(err), Detail: err.Error()})
@@ -256,11 +261,11 @@ func encodeBatch(reqs []*Request) ([]byte, error) {
 			return nil, err
 		}
 		buf.Truncate(buf.Len() - 2) // the closing brace and Encode's newline
-		for j := 0; j < len(e.ext); j += 2 {
+		for _, a := range e.ext {
 			buf.WriteString(`,"`)
-			buf.WriteString(e.ext[j]) // validAttr: nothing to escape
+			buf.WriteString(a.name) // validAttr: nothing to escape
 			buf.WriteString(`":`)
-			if err := enc.Encode(e.ext[j+1]); err != nil {
+			if err := enc.Encode(a.value); err != nil {
 				return nil, err
 			}
 			buf.Truncate(buf.Len() - 1)
@@ -321,20 +326,23 @@ func (h *HTTP) eventResult(r batchResult, status int, now time.Time, latency tim
 func structured(r *Request) event {
 	m := r.Message
 	e := event{SpecVersion: SpecVersion, ID: r.EventID}
-	e.Source, e.Type, e.DataContentType = ceAttributes(r, func(attr, v string) {
-		if fieldAttrs[attr] || !validAttr(attr) {
+	e.Source, e.Type, e.DataContentType = ceAttributes(r, func(name, v string) {
+		if fieldAttrs[name] || !validAttr(name) {
 			return
 		}
-		for i := 0; i < len(e.ext); i += 2 {
-			if e.ext[i] == attr {
+		for i := range e.ext {
+			if e.ext[i].name == name {
 				// Two spellings of one attribute (ce-x and ce_x): the
 				// smaller value, so that every attempt sends the same.
-				e.ext[i+1] = min(e.ext[i+1], v)
+				e.ext[i].value = min(e.ext[i].value, v)
 				return
 			}
 		}
-		e.ext = append(e.ext, attr, v)
+		e.ext = append(e.ext, attr{name, v})
 	}, nil)
+	// In name order, not the headers' map order: every attempt of a message
+	// sends the same bytes.
+	slices.SortFunc(e.ext, func(a, b attr) int { return strings.Compare(a.name, b.name) })
 	if isJSON(e.DataContentType) && json.Valid(m.Body) {
 		e.data = m.Body
 	} else if len(m.Body) > 0 {

@@ -242,10 +242,16 @@ func TestEncodeBatchAttributes(t *testing.T) {
 		}},
 		EventID: "e-1", Source: "/s", Type: "t", Attempt: 3, Deadline: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC),
 	}
+	var first []byte
 	for range 20 { // header order is map order: every encoding must agree
 		body, err := encodeBatch([]*Request{r, {Message: &broker.Message{Body: []byte{0, 1, 2}}, EventID: "e-2"}})
 		if err != nil {
 			t.Fatal(err)
+		}
+		if first == nil {
+			first = body
+		} else if !bytes.Equal(body, first) {
+			t.Fatalf("two encodings of one batch differ:\n%s\n%s", first, body)
 		}
 		dec := json.NewDecoder(bytes.NewReader(body))
 		var events []json.RawMessage

@@ -64,6 +64,7 @@ type HTTP struct {
 	// message the app never saw; and Client.Do copies every request's
 	// headers in case it has to follow one.
 	tr         *http.Transport
+	user       *url.Userinfo // from the URL, sent as basic auth
 	classifier *Classifier
 	now        func() time.Time
 }
@@ -99,7 +100,7 @@ func NewHTTP(o HTTPOptions) (*HTTP, error) {
 		IdleConnTimeout:     90 * time.Second,
 		TLSHandshakeTimeout: 5 * time.Second,
 	}
-	return &HTTP{url: o.URL, addr: addr, tr: tr, classifier: o.Classifier, now: time.Now}, nil
+	return &HTTP{url: o.URL, addr: addr, tr: tr, user: u.User, classifier: o.Classifier, now: time.Now}, nil
 }
 
 // Close releases idle connections.
@@ -127,6 +128,7 @@ func (h *HTTP) Deliver(ctx context.Context, r *Request) Result {
 	}
 	req.Header = make(http.Header, 10+len(r.Message.Headers)) // no growing
 	setHeaders(req.Header, r)
+	h.authorize(req)
 	resp, err := h.tr.RoundTrip(req)
 	if err != nil {
 		return Result{Outcome: transportOutcome(err), Detail: err.Error(), Latency: h.now().Sub(start)}
@@ -147,6 +149,16 @@ func (h *HTTP) Deliver(ctx context.Context, r *Request) Result {
 		}
 	}
 	return res
+}
+
+// authorize sends the URL's user and password as basic auth, as http.Client
+// would, unless the request carries its own Authorization.
+func (h *HTTP) authorize(req *http.Request) {
+	if h.user == nil || req.Header.Get("Authorization") != "" {
+		return
+	}
+	pass, _ := h.user.Password()
+	req.SetBasicAuth(h.user.Username(), pass)
 }
 
 // transportOutcome classifies a failed call. Only a failure to connect proves

@@ -703,3 +703,29 @@ func TestDeliverReusesPooledConnections(t *testing.T) {
 		})
 	}
 }
+
+// A user and password in the handler URL go to the app as basic auth, on
+// single and batched calls alike, unless the message carries its own
+// Authorization.
+func TestDeliverURLUserIsBasicAuth(t *testing.T) {
+	srv, seen := recordingApp(t, nil)
+	url := strings.Replace(srv.URL, "http://", "http://app:s3cret@", 1)
+	h := newClient(t, url, 1)
+	if res := h.Deliver(context.Background(), request(&broker.Message{Body: []byte("x")})); res.Outcome != budget.Success {
+		t.Fatalf("Deliver: %+v", res)
+	}
+	if got := (<-seen).header.Get("Authorization"); got != "Basic YXBwOnMzY3JldA==" {
+		t.Errorf("Authorization = %q, want basic auth of app:s3cret", got)
+	}
+	own := request(&broker.Message{Body: []byte("x"), Headers: broker.Headers{"Authorization": "Bearer t"}})
+	h.Deliver(context.Background(), own)
+	if got := (<-seen).header.Get("Authorization"); got != "Bearer t" {
+		t.Errorf("Authorization = %q, want the message's own", got)
+	}
+	b := NewBatcher(h, 1, time.Millisecond)
+	defer b.Close()
+	b.Deliver(context.Background(), request(&broker.Message{Body: []byte("x")}))
+	if got := (<-seen).header.Get("Authorization"); got != "Basic YXBwOnMzY3JldA==" {
+		t.Errorf("batch Authorization = %q, want basic auth of app:s3cret", got)
+	}
+}
