@@ -25,7 +25,7 @@ func BenchmarkRetryBudgetDepositWithdraw(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		rb.Deposit()
-		_ = rb.TryWithdraw()
+		_, _, _ = rb.Poll(true)
 	}
 }
 

@@ -91,13 +91,6 @@ func (b *RetryBudget) Deposit() {
 	}
 }
 
-// TryWithdraw takes a token for a re-attempt, reporting false (and counting a
-// denial) when there is none.
-func (b *RetryBudget) TryWithdraw() bool {
-	ok, _ := b.check(true, true)
-	return ok
-}
-
 // Poll takes a token for a re-attempt or, when there is none, returns the
 // channel the next deposit closes and how long until old withdrawals may
 // leave the window: for a caller that waits on more than the budget in one
@@ -125,21 +118,13 @@ func (b *RetryBudget) check(take, countDenial bool) (bool, <-chan struct{}) {
 	return true, nil
 }
 
-// Withdraw waits for a token: it returns true once it has one, false when
-// stop is closed first. A wait counts as one denial.
-func (b *RetryBudget) Withdraw(stop <-chan struct{}) bool { return b.wait(stop, true) }
-
 // Available waits until a token is there, without taking it: for intake
 // that should not take a re-attempt it could not start. It reports false when
-// stop is closed first.
-func (b *RetryBudget) Available(stop <-chan struct{}) bool { return b.wait(stop, false) }
-
-// wait checks until a token is there. Tokens come back when a first attempt
-// deposits or when old withdrawals leave the window, so it also wakes every
-// slot.
-func (b *RetryBudget) wait(stop <-chan struct{}, take bool) bool {
-	for first := true; ; first = false {
-		ok, changed := b.check(take, take && first)
+// stop is closed first. Tokens come back when a first attempt deposits or
+// when old withdrawals leave the window, so it also wakes every slot.
+func (b *RetryBudget) Available(stop <-chan struct{}) bool {
+	for {
+		ok, changed := b.check(false, false)
 		if ok {
 			return true
 		}

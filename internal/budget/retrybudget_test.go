@@ -16,14 +16,14 @@ func newClock() *clock { return &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time
 func TestRetryBudgetRatioOfFirstAttempts(t *testing.T) {
 	c := newClock()
 	b := NewRetryBudget(0.2, 0, 10*time.Second, c.now)
-	if b.TryWithdraw() {
+	if tryWithdraw(b) {
 		t.Fatal("a re-attempt got a token with no first attempt and no floor")
 	}
 	for range 100 {
 		b.Deposit()
 	}
 	got := 0
-	for b.TryWithdraw() {
+	for tryWithdraw(b) {
 		got++
 	}
 	if got != 20 {
@@ -39,7 +39,7 @@ func TestRetryBudgetFloorAndWindow(t *testing.T) {
 	b := NewRetryBudget(0.5, 1, 10*time.Second, c.now)
 	// The floor alone: 1 a second over a 10s window.
 	got := 0
-	for b.TryWithdraw() {
+	for tryWithdraw(b) {
 		got++
 	}
 	if got != 10 {
@@ -62,7 +62,7 @@ func TestRetryBudgetFloorAndWindow(t *testing.T) {
 
 func drain(b *RetryBudget) int {
 	n := 0
-	for b.TryWithdraw() {
+	for tryWithdraw(b) {
 		n++
 	}
 	return n
@@ -74,34 +74,50 @@ func TestRetryBudgetZeroAllowsNothing(t *testing.T) {
 	for range 1000 {
 		b.Deposit()
 	}
-	if b.TryWithdraw() || !b.Exhausted() {
+	if tryWithdraw(b) || !b.Exhausted() {
 		t.Error("ratio 0 and floor 0 must allow no re-attempt")
 	}
 }
 
-func TestWithdrawWaitsForADeposit(t *testing.T) {
+// tryWithdraw takes a token for a re-attempt, reporting false (and counting
+// a denial) when there is none.
+func tryWithdraw(b *RetryBudget) bool {
+	ok, _, _ := b.Poll(true)
+	return ok
+}
+
+func TestPollWakesOnADeposit(t *testing.T) {
 	b := NewRetryBudget(1, 0, 10*time.Second, nil)
-	got := make(chan bool)
-	go func() { got <- b.Withdraw(make(chan struct{})) }()
+	ok, changed, _ := b.Poll(true)
+	if ok {
+		t.Fatal("Poll took a token that was not there")
+	}
 	select {
-	case <-got:
-		t.Fatal("Withdraw returned with no token")
+	case <-changed:
+		t.Fatal("Poll's channel closed with no deposit")
 	case <-time.After(50 * time.Millisecond):
 	}
 	b.Deposit()
 	select {
-	case ok := <-got:
-		if !ok {
-			t.Fatal("Withdraw reported stopped")
-		}
+	case <-changed:
 	case <-time.After(5 * time.Second):
-		t.Fatal("Withdraw did not wake on a deposit")
+		t.Fatal("a deposit did not close Poll's channel")
+	}
+	if ok, _, _ := b.Poll(false); !ok {
+		t.Fatal("no token after a deposit at ratio 1")
+	}
+	if ok, _, _ := b.Poll(false); ok {
+		t.Error("Poll took a token that was not there")
+	}
+	if d := b.State().Denied; d != 1 {
+		t.Errorf("denials = %d, want 1: only the poll that counts one", d)
 	}
 	stop := make(chan struct{})
-	go func() { got <- b.Withdraw(stop) }()
+	got := make(chan bool)
+	go func() { got <- b.Available(stop) }()
 	close(stop)
 	if <-got {
-		t.Error("Withdraw took a token that was not there")
+		t.Error("Available reported a token that was not there")
 	}
 }
 

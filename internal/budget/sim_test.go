@@ -113,7 +113,7 @@ func TestRetryStormSimulation(t *testing.T) {
 				waiting = append(waiting, m)
 				continue
 			}
-			if !b.TryWithdraw() {
+			if !tryWithdraw(b) {
 				lim.Release(0)
 				waiting = append(waiting, m)
 				continue
