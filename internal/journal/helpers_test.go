@@ -180,3 +180,28 @@ func storySettledCopy(base time.Time) []Record {
 func storySettledSuccess(base time.Time) []Record {
 	return append(storyHandled(base), Record{Kind: Settled, At: base.Add(3 * time.Millisecond), Hop: 0, Detail: "handled"})
 }
+
+// updateFile runs fn in a write transaction on the bbolt file at path, with
+// no journal open on it: tests use it to write what the journal would not.
+func updateFile(t testing.TB, path string, fn func(*bolt.Tx) error) {
+	t.Helper()
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(fn); err != nil {
+		_ = db.Close()
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// damage overwrites the value at key k of b with v, its last byte flipped,
+// so that the record fails its checksum.
+func damage(b *bolt.Bucket, k, v []byte) error {
+	bad := append([]byte(nil), v...)
+	bad[len(bad)-1] ^= 0xff
+	return b.Put(append([]byte(nil), k...), bad)
+}

@@ -145,26 +145,14 @@ func TestTimelineShowsDamagedRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Damage the second record (the attempt) in place.
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = db.Update(func(tx *bolt.Tx) error {
+	updateFile(t, path, func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketRecords)
 		c := b.Cursor()
 		c.First() // the hand-off's key
 		c.Next()
 		sk, v := c.Next()
-		bad := append([]byte(nil), v...)
-		bad[len(bad)-1] ^= 0xff
-		return b.Put(append([]byte(nil), sk...), bad)
+		return damage(b, sk, v)
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
 	// The hand-off is settled, so Open (which reads open hand-offs) accepts it.
 	j, _ = openJournal(t, path, Options{})
 	check := func(what string, steps []Step) {

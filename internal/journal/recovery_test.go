@@ -274,11 +274,7 @@ func TestOpenCorrupt(t *testing.T) {
 		{name: "a record of an open hand-off damaged", make: func(t *testing.T, path string) {
 			src := filepath.Join(t.TempDir(), "src.db")
 			writeFile(t, src, validBytes(t, 10))
-			db, err := bolt.Open(src, 0o600, &bolt.Options{Timeout: time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			err = db.Update(func(tx *bolt.Tx) error {
+			updateFile(t, src, func(tx *bolt.Tx) error {
 				id, _ := tx.Bucket(bucketPending).Cursor().First()
 				steps := tx.Bucket(bucketRecords)
 				c := steps.Cursor()
@@ -288,30 +284,14 @@ func TestOpenCorrupt(t *testing.T) {
 				damaged[2] ^= 0x40
 				return steps.Put(append([]byte(nil), sk...), damaged)
 			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := db.Close(); err != nil {
-				t.Fatal(err)
-			}
 			writeFile(t, path, readFile(t, src))
 		}},
 		{name: "format from a later build", make: func(t *testing.T, path string) {
 			src := filepath.Join(t.TempDir(), "src.db")
 			writeFile(t, src, validBytes(t, 10))
-			db, err := bolt.Open(src, 0o600, &bolt.Options{Timeout: time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			err = db.Update(func(tx *bolt.Tx) error {
+			updateFile(t, src, func(tx *bolt.Tx) error {
 				return tx.Bucket(bucketMeta).Put(metaFormat, binary.BigEndian.AppendUint32(nil, formatVersion+1))
 			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := db.Close(); err != nil {
-				t.Fatal(err)
-			}
 			writeFile(t, path, readFile(t, src))
 		}},
 	}

@@ -16,11 +16,7 @@ import (
 // way that format's writer kept its records and indexes.
 func writeFormat1(t *testing.T, path string, keys []Key, stories map[Key][]Record) {
 	t.Helper()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = db.Update(func(tx *bolt.Tx) error {
+	updateFile(t, path, func(tx *bolt.Tx) error {
 		meta, err := tx.CreateBucket(bucketMeta)
 		if err != nil {
 			return err
@@ -67,12 +63,6 @@ func writeFormat1(t *testing.T, path string, keys []Key, stories map[Key][]Recor
 		}
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // format1Stories are hand-offs in every phase, with a reopened one (a retry
@@ -191,16 +181,15 @@ func recoveryOf(t *testing.T, j *Journal) Recovery {
 	return rec
 }
 
-// TestUpgradeResumesAfterAFailure: the upgrade moves hand-offs in
-// transactions of their own; one that fails leaves a journal that the next
-// start goes on upgrading, with every hand-off exactly once.
-func TestUpgradeResumesAfterAFailure(t *testing.T) {
+// partlyUpgraded writes 100 format 1 hand-offs at path and opens it with the
+// upgrade's third transaction (of 40 records each) failing; it returns the
+// hand-offs and Open's error.
+func partlyUpgraded(t *testing.T, path string, crash error) ([]Key, map[Key][]Record, error) {
+	t.Helper()
 	defer func(n int) { upgradeChunk = n }(upgradeChunk)
 	upgradeChunk = 40
 	keys, stories := format1Stories(100)
-	path := newPath(t)
 	writeFormat1(t, path, keys, stories)
-	crash := errors.New("crash")
 	txs := 0
 	_, _, err := Open(path, testOptions(Options{BeforeCommit: func(int) error {
 		if txs++; txs == 3 {
@@ -208,6 +197,39 @@ func TestUpgradeResumesAfterAFailure(t *testing.T) {
 		}
 		return nil
 	}}))
+	return keys, stories, err
+}
+
+// repairKeepsAll repairs path and checks that every record of the stories
+// was kept, and that each hand-off has all of its records after.
+func repairKeepsAll(t *testing.T, path string, keys []Key, stories map[Key][]Record) {
+	t.Helper()
+	total := 0
+	for _, k := range keys {
+		total += len(stories[k])
+	}
+	rep, err := Repair(path)
+	if err != nil || rep.Stopped != nil {
+		t.Fatalf("Repair = %+v, %v", rep, err)
+	}
+	if rep.Kept != total || rep.Lost != 0 {
+		t.Errorf("Repair kept %d and lost %d records, want %d and 0", rep.Kept, rep.Lost, total)
+	}
+	j, _ := openJournal(t, path, Options{})
+	for _, k := range keys {
+		if got := timeline(t, j, k); len(got) != len(stories[k]) {
+			t.Errorf("%s: %d records after the repair, want %d", k, len(got), len(stories[k]))
+		}
+	}
+}
+
+// TestUpgradeResumesAfterAFailure: the upgrade moves hand-offs in
+// transactions of their own; one that fails leaves a journal that the next
+// start goes on upgrading, with every hand-off exactly once.
+func TestUpgradeResumesAfterAFailure(t *testing.T) {
+	crash := errors.New("crash")
+	path := newPath(t)
+	keys, stories, err := partlyUpgraded(t, path, crash)
 	if !errors.Is(err, crash) {
 		t.Fatalf("Open with the third upgrade transaction failing = %v, want the failure", err)
 	}
@@ -253,23 +275,7 @@ func TestRepairFormat1(t *testing.T) {
 	keys, stories := format1Stories(20)
 	path := filepath.Join(t.TempDir(), "journal.db")
 	writeFormat1(t, path, keys, stories)
-	total := 0
-	for _, k := range keys {
-		total += len(stories[k])
-	}
-	rep, err := Repair(path)
-	if err != nil || rep.Stopped != nil {
-		t.Fatalf("Repair = %+v, %v", rep, err)
-	}
-	if rep.Kept != total || rep.Lost != 0 {
-		t.Errorf("Repair kept %d and lost %d records, want %d and 0", rep.Kept, rep.Lost, total)
-	}
-	j, _ := openJournal(t, path, Options{})
-	for _, k := range keys {
-		if got := timeline(t, j, k); len(got) != len(stories[k]) {
-			t.Errorf("%s: %d records after the repair, want %d", k, len(got), len(stories[k]))
-		}
-	}
+	repairKeepsAll(t, path, keys, stories)
 }
 
 // TestUpgradeKeepsADamagedRecord: a record that cannot be read moves across
@@ -280,23 +286,11 @@ func TestUpgradeKeepsADamagedRecord(t *testing.T) {
 	path := newPath(t)
 	writeFormat1(t, path, keys, stories)
 	damaged := keys[len(keys)-1] // a settled hand-off
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = db.Update(func(tx *bolt.Tx) error {
+	updateFile(t, path, func(tx *bolt.Tx) error {
 		steps := tx.Bucket(bucketSteps)
 		k, v := steps.Cursor().Seek(damaged.encode(nil))
-		bad := append([]byte(nil), v...)
-		bad[len(bad)-1] ^= 0xff
-		return steps.Put(append([]byte(nil), k...), bad)
+		return damage(steps, k, v)
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
 	j, _ := openJournal(t, path, Options{})
 	steps := timeline(t, j, damaged)
 	if len(steps) != len(stories[damaged]) || steps[0].Kind != 0 || !strings.Contains(steps[0].Detail, ErrCorrupt.Error()) {
@@ -312,35 +306,10 @@ func TestUpgradeKeepsADamagedRecord(t *testing.T) {
 // TestRepairOfAPartlyUpgradedJournal reads both layouts' buckets: the
 // hand-offs the upgrade had moved and those it had not.
 func TestRepairOfAPartlyUpgradedJournal(t *testing.T) {
-	defer func(n int) { upgradeChunk = n }(upgradeChunk)
-	upgradeChunk = 40
-	keys, stories := format1Stories(100)
 	path := filepath.Join(t.TempDir(), "journal.db")
-	writeFormat1(t, path, keys, stories)
-	txs := 0
-	if _, _, err := Open(path, testOptions(Options{BeforeCommit: func(int) error {
-		if txs++; txs == 3 {
-			return errors.New("crash")
-		}
-		return nil
-	}})); err == nil {
+	keys, stories, err := partlyUpgraded(t, path, errors.New("crash"))
+	if err == nil {
 		t.Fatal("Open with a failing upgrade transaction succeeded")
 	}
-	total := 0
-	for _, k := range keys {
-		total += len(stories[k])
-	}
-	rep, err := Repair(path)
-	if err != nil || rep.Stopped != nil {
-		t.Fatalf("Repair = %+v, %v", rep, err)
-	}
-	if rep.Kept != total || rep.Lost != 0 {
-		t.Errorf("Repair kept %d and lost %d records, want %d and 0", rep.Kept, rep.Lost, total)
-	}
-	j, _ := openJournal(t, path, Options{})
-	for _, k := range keys {
-		if got := timeline(t, j, k); len(got) != len(stories[k]) {
-			t.Errorf("%s: %d records after the repair, want %d", k, len(got), len(stories[k]))
-		}
-	}
+	repairKeepsAll(t, path, keys, stories)
 }
