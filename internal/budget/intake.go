@@ -37,21 +37,14 @@ func (i *Intake) Observe(o Outcome, first bool) (resumed bool) {
 	return resumed
 }
 
-// Due reports whether enough first attempts failed in a row that Check
-// would pause intake if the budget were exhausted: asking the budget is then
-// worth it, and after a success it is not.
-func (i *Intake) Due() bool {
-	i.mu.Lock()
-	defer i.mu.Unlock()
-	return !i.paused && i.streak >= i.threshold
-}
-
 // Check pauses intake when the failures go on and the budget is exhausted;
-// it reports whether this call paused it.
-func (i *Intake) Check(exhausted bool) (paused bool) {
+// it reports whether this call paused it. exhausted is asked only once
+// enough first attempts failed in a row: after a success, reading the budget
+// is not worth its lock.
+func (i *Intake) Check(exhausted func() bool) (paused bool) {
 	i.mu.Lock()
 	defer i.mu.Unlock()
-	if !i.paused && exhausted && i.streak >= i.threshold {
+	if !i.paused && i.streak >= i.threshold && exhausted() {
 		i.paused = true
 		return true
 	}

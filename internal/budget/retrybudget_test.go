@@ -163,19 +163,19 @@ func TestIntakePausesOnlyWhenSpentAndFailing(t *testing.T) {
 	for range 3 {
 		in.Observe(Retry, true)
 	}
-	if in.Check(false) {
+	if in.Check(func() bool { return false }) {
 		t.Fatal("paused with tokens left")
 	}
 	in.Observe(Permanent, true) // about the message: no effect
 	in.Observe(Retry, false)    // a re-attempt: no effect
-	if !in.Check(true) || !in.Paused() {
+	if !in.Check(func() bool { return true }) || !in.Paused() {
 		t.Fatal("not paused with the budget spent after 3 failed first attempts")
 	}
 	if !in.Observe(Success, false) || in.Paused() {
 		t.Fatal("a success did not resume intake")
 	}
 	in.Observe(Overload, true)
-	if in.Check(true) {
+	if in.Check(func() bool { return true }) {
 		t.Error("paused again after one failure: the streak starts over after a success")
 	}
 }

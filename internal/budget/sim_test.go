@@ -91,7 +91,7 @@ func TestRetryStormSimulation(t *testing.T) {
 			}
 			lim.Release(o)
 			intake.Observe(o, cl.m.attempt == 1)
-			intake.Check(b.Exhausted())
+			intake.Check(b.Exhausted)
 			d := pol.Decide(Input{Outcome: o, Attempt: cl.m.attempt, FirstAttemptAt: cl.m.first,
 				Deadline: cl.m.first.Add(pol.Deadline), Now: now})
 			switch d.Action {

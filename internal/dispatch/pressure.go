@@ -201,7 +201,7 @@ func (e *Engine) holdRetries(hold bool) {
 // Overload answer holds every call for that long.
 func (e *Engine) observe(res budget.Outcome, first bool, retryAfter time.Duration) {
 	changed := e.intakes.Observe(res, first)
-	if b := e.o.Budget; b != nil && e.intakes.Due() && e.intakes.Check(b.Exhausted()) {
+	if b := e.o.Budget; b != nil && e.intakes.Check(b.Exhausted) {
 		changed = true
 	}
 	if changed {
