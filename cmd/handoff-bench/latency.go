@@ -127,15 +127,8 @@ func producePaced(o options, topic string, rate float64, d time.Duration) (int, 
 
 // kafkaLatencyRows is rabbitLatencyRows on Kafka.
 func kafkaLatencyRows(o options, baseRate, sidecarRate float64) []latencyRow {
-	return latencyPairs("Kafka baseline (hand-written franz-go)", "Kafka sidecar, ordering none, journal batch", baseRate, sidecarRate,
-		func(name string, rate float64, sidecar bool) (latencyRow, error) {
-			return latency(o, kafkaPaced, name, rate, func(topic string) starter {
-				if sidecar {
-					return sidecarStarter(o, name, kafkaSource(o, topic, "none"), "batch", false)
-				}
-				return kafkaBaselineCmd(o, topic)
-			})
-		})
+	return latencyPairs(o, kafkaPaced, "Kafka baseline (hand-written franz-go)", "Kafka sidecar, ordering none, journal batch",
+		baseRate, sidecarRate, func(topic string) string { return kafkaSource(o, topic, "none") }, func(topic string) starter { return kafkaBaselineCmd(o, topic) })
 }
 
 // publishPaced publishes at rate for d, each message stamped with its
@@ -203,20 +196,23 @@ func publishPaced(o options, q string, rate float64, d time.Duration) (int, erro
 // load: half the baseline's drain rate, then a quarter of the sidecar's,
 // which both sustain while a publisher shares the cores.
 func rabbitLatencyRows(o options, baseRate, sidecarRate float64) []latencyRow {
-	return latencyPairs("RabbitMQ baseline (hand-written amqp091-go)", "RabbitMQ sidecar, journal batch", baseRate, sidecarRate,
-		func(name string, rate float64, sidecar bool) (latencyRow, error) {
-			return latency(o, rabbitPaced, name, rate, func(q string) starter {
-				if sidecar {
-					return sidecarStarter(o, name, rabbitSource(o, q, 256), "batch", false)
-				}
-				return rabbitBaselineCmd(o, q)
-			})
-		})
+	return latencyPairs(o, rabbitPaced, "RabbitMQ baseline (hand-written amqp091-go)", "RabbitMQ sidecar, journal batch",
+		baseRate, sidecarRate, func(q string) string { return rabbitSource(o, q, 256) }, func(q string) starter { return rabbitBaselineCmd(o, q) })
 }
 
 // latencyPairs runs a baseline row and a sidecar row at half the baseline's
-// drain rate, then again at a quarter of the sidecar's.
-func latencyPairs(baseName, sidecarName string, baseRate, sidecarRate float64, run func(name string, rate float64, sidecar bool) (latencyRow, error)) []latencyRow {
+// drain rate, then again at a quarter of the sidecar's. source is the
+// sidecar's source for a queue or topic, baseline the baseline for it.
+func latencyPairs(o options, pb pacedBroker, baseName, sidecarName string, baseRate, sidecarRate float64,
+	source func(dest string) string, baseline func(dest string) starter) []latencyRow {
+	run := func(name string, rate float64, sidecar bool) (latencyRow, error) {
+		return latency(o, pb, name, rate, func(dest string) starter {
+			if sidecar {
+				return sidecarStarter(o, name, source(dest), "batch", false)
+			}
+			return baseline(dest)
+		})
+	}
 	var rows []latencyRow
 	add := func(r latencyRow, err error) {
 		if err != nil {
