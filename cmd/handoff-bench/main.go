@@ -63,6 +63,7 @@ type options struct {
 	only      string // rabbitmq or kafka: one broker's runs
 	compare   string // a second sidecar binary: compare the two, nothing else
 	rounds    int    // rounds of a comparison
+	batch     bool   // a comparison of the batch-delivery rows
 }
 
 func runHarness(args []string) error {
@@ -79,6 +80,7 @@ func runHarness(args []string) error {
 	fs.StringVar(&o.only, "only", "", "rabbitmq or kafka: run one broker's columns")
 	fs.StringVar(&o.compare, "compare", "", "another sidecar binary: run only the single-message sidecar rows, alternating the two binaries, and print them")
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds of -compare")
+	fs.BoolVar(&o.batch, "batch", false, "with -compare: compare the batch-delivery rows instead")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -217,10 +219,10 @@ func compare(o options) error {
 				fmt.Println(r.line(0))
 			}
 			if o.only != "kafka" {
-				show(rabbitSidecar(ob, "batch", false, false))
+				show(rabbitSidecar(ob, "batch", false, o.batch))
 			}
 			if o.only != "rabbitmq" {
-				show(kafkaSidecar(ob, "none", false, false))
+				show(kafkaSidecar(ob, "none", false, o.batch))
 			}
 		}
 	}

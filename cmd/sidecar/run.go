@@ -22,7 +22,7 @@ import (
 )
 
 func runCmd() *cobra.Command {
-	var path, cpuProfile string
+	var path, cpuProfile, allocProfile string
 	cmd := &cobra.Command{
 		Use:   "run --config FILE",
 		Short: "Consume every configured source and hand each message to the app",
@@ -47,11 +47,24 @@ func runCmd() *cobra.Command {
 				}
 				defer pprof.StopCPUProfile()
 			}
+			if allocProfile != "" {
+				f, err := os.Create(allocProfile)
+				if err != nil {
+					return &exitError{code: exitConfig, err: fmt.Errorf("--alloc-profile: %w", err)}
+				}
+				defer func() {
+					if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+						log.Error("writing the allocation profile", "err", err)
+					}
+					_ = f.Close()
+				}()
+			}
 			return serve(cmd.Context(), cfg, log, hooks{})
 		},
 	}
 	cmd.Flags().StringVarP(&path, "config", "c", "", "config file (required)")
 	cmd.Flags().StringVar(&cpuProfile, "cpu-profile", "", "write a CPU profile (pprof) of the whole run to this file")
+	cmd.Flags().StringVar(&allocProfile, "alloc-profile", "", "write a profile (pprof) of the run's allocations to this file when it stops")
 	_ = cmd.MarkFlagRequired("config")
 	return cmd
 }
