@@ -10,15 +10,44 @@ import (
 // limit by a tenth (multiplicative decrease), a Success raises it by 1/limit
 // (about one per limit's worth of successes: additive increase), always
 // between 1 and Max. Other answers say something about the message, not about
-// the app's capacity, and leave it alone. It is safe for concurrent use.
+// the app's capacity, and leave it alone. Callers that find no slot free
+// queue for one and are served in arrival order: a freed slot goes to the
+// first of them, and wakes no one else. It is safe for concurrent use.
 type Limiter struct {
 	max int
 
 	mu       sync.Mutex
 	limit    float64
 	inflight int
-	changed  chan struct{} // closed and replaced when a slot may have freed
-	waiting  bool          // someone holds changed: replace it on the next release
+	queue    []*Waiter // in arrival order from head; withdrawn ones are skipped
+	head     int
+}
+
+// Waiter is a caller's place in the limiter's queue.
+type Waiter struct {
+	l       *Limiter
+	ready   chan struct{} // closed once a slot is the waiter's
+	granted bool          // under l.mu
+	gone    bool          // withdrawn before a slot came; under l.mu
+}
+
+// Ready is closed once a slot has been taken for the waiter: it holds the
+// slot from then on, and frees it with Release like any other.
+func (w *Waiter) Ready() <-chan struct{} { return w.ready }
+
+// Cancel leaves the queue. A slot already taken for the waiter is freed (it
+// goes to the next in line), so Cancel is right whether or not Ready fired.
+func (w *Waiter) Cancel() {
+	l := w.l
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if w.granted {
+		w.granted = false
+		l.inflight--
+		l.grant()
+		return
+	}
+	w.gone = true
 }
 
 // decrease is the factor applied on Overload and Unknown.
@@ -27,13 +56,34 @@ const decrease = 0.9
 // NewLimiter returns a limiter that starts, and tops out, at n.
 func NewLimiter(n int) *Limiter {
 	n = max(n, 1)
-	return &Limiter{max: n, limit: float64(n), changed: make(chan struct{})}
+	return &Limiter{max: n, limit: float64(n)}
 }
 
-// TryAcquire takes a slot when fewer than the limit are in flight.
+// TryAcquire takes a slot when fewer than the limit are in flight. It never
+// takes one ahead of a queued caller: a slot that frees while callers wait
+// is theirs.
 func (l *Limiter) TryAcquire() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.take()
+}
+
+// Acquire takes a slot when one is free (ok), or else queues the caller and
+// returns its place: a slot is taken for it, in arrival order, as one frees.
+func (l *Limiter) Acquire() (w *Waiter, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.take() {
+		return nil, true
+	}
+	w = &Waiter{l: l, ready: make(chan struct{})}
+	l.queue = append(l.queue, w)
+	return w, false
+}
+
+// take takes a free slot; l.mu is held. Slots are handed to the queue as
+// they free, so none is free while anyone waits.
+func (l *Limiter) take() bool {
 	if l.inflight >= int(l.limit) {
 		return false
 	}
@@ -41,17 +91,31 @@ func (l *Limiter) TryAcquire() bool {
 	return true
 }
 
-// Changed is closed when a slot may have come free; take it again after
-// each failed TryAcquire.
-func (l *Limiter) Changed() <-chan struct{} {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.waiting = true
-	return l.changed
+// grant hands free slots to the queue in order; l.mu is held.
+func (l *Limiter) grant() {
+	for l.inflight < int(l.limit) && l.head < len(l.queue) {
+		w := l.queue[l.head]
+		l.queue[l.head] = nil
+		l.head++
+		if w.gone {
+			continue
+		}
+		w.granted = true
+		l.inflight++
+		close(w.ready)
+	}
+	if l.head == len(l.queue) {
+		l.queue, l.head = l.queue[:0], 0
+	} else if l.head > len(l.queue)/2 {
+		n := copy(l.queue, l.queue[l.head:])
+		clear(l.queue[n:])
+		l.queue, l.head = l.queue[:n], 0
+	}
 }
 
 // Release frees a slot and adapts the limit to the call's outcome; pass 0
-// for a call that did not complete (shutdown), which leaves the limit alone.
+// for a call that did not complete (shutdown), or a slot given back unused,
+// which leaves the limit alone.
 func (l *Limiter) Release(o Outcome) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -62,11 +126,7 @@ func (l *Limiter) Release(o Outcome) {
 	case Success:
 		l.limit = math.Min(float64(l.max), l.limit+1/l.limit)
 	}
-	if l.waiting {
-		close(l.changed)
-		l.changed = make(chan struct{})
-		l.waiting = false
-	}
+	l.grant()
 }
 
 // Limit is the current limit.

@@ -419,12 +419,21 @@ func (h *handoff) wait(ctx context.Context, due time.Time) bool {
 // leaves a lost delivery alone.
 func (h *handoff) acquire(ctx context.Context, first bool) bool {
 	e := h.e
+	held := false // the limiter's queue gave this walk a slot while it waited
+	giveBack := func() {
+		if held {
+			e.limiter.Release(0)
+			held = false
+		}
+	}
 	for {
 		if h.intake.Err() != nil {
+			giveBack()
 			h.handBack()
 			return false
 		}
-		var wake, probe <-chan struct{}
+		var wake, probe, slot <-chan struct{}
+		var queued *budget.Waiter
 		var timer <-chan time.Time
 		var stop func() bool
 		var fresh <-chan struct{} // only first attempts wait for fresh intake
@@ -438,23 +447,28 @@ func (h *handoff) acquire(ctx context.Context, first bool) bool {
 		switch {
 		case first && !isClosed(fresh):
 			// Paused: wait for intake to resume or for a probe turn.
+			giveBack()
 			wake, probe = fresh, e.fresh.probe
 		case d > 0:
+			giveBack()
 			t := time.NewTimer(d)
 			timer, stop = t.C, t.Stop
 		default:
-			if e.limiter.TryAcquire() {
+			if held {
 				return true
 			}
-			// Ask to be woken only when a slot is really wanted: the
-			// limiter then replaces its channel on the next release.
-			wake = e.limiter.Changed()
-			if e.limiter.TryAcquire() {
+			w, ok := e.limiter.Acquire()
+			if ok {
 				return true
 			}
+			queued, slot = w, w.Ready()
 		}
 		ok := true
 		select {
+		case <-slot:
+			// Ours; the loop checks once more that nothing paused calls
+			// meanwhile.
+			held = true
 		case <-wake:
 		case <-probe:
 			first = false // this one is the probe
@@ -472,6 +486,9 @@ func (h *handoff) acquire(ctx context.Context, first bool) bool {
 			stop()
 		}
 		if !ok {
+			if queued != nil {
+				queued.Cancel() // frees the slot too, had it just come
+			}
 			return false
 		}
 	}

@@ -227,3 +227,33 @@ func TestFreshIntakePausesWhenBudgetSpentAndFailing(t *testing.T) {
 		t.Error("intake still paused after a success")
 	}
 }
+
+// Walks queued for a call slot when intake stops are handed back, and take
+// no slot with them: the one call in flight finishes, and after it none is
+// counted as taken.
+func TestQueuedWalksHandedBackTakeNoSlot(t *testing.T) {
+	r := newRig(t)
+	app := newScriptApp(handler.Result{Outcome: budget.Success}, 100*time.Millisecond)
+	first, second, third := r.delivery("first"), r.delivery("second"), r.delivery("third")
+	e := r.engineWith(app, func(o *Options) { o.MaxConcurrency = 1 }, first, second, third)
+	e.limiter = budget.NewLimiter(1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	waitUntil(t, func() bool { return app.count() == 1 })
+	time.Sleep(20 * time.Millisecond) // the other two queue for the slot
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]int{}
+	for _, ev := range r.snapshot() {
+		kinds[ev.kind]++
+	}
+	if app.count() != 1 || kinds["ack"] != 1 || kinds["release"] != 2 {
+		t.Fatalf("calls %d, events %v; want the one call acked and the two queued handed back", app.count(), kinds)
+	}
+	if n := e.limiter.InFlight(); n != 0 {
+		t.Fatalf("%d call slots still taken after every walk ended", n)
+	}
+}

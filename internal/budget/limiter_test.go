@@ -1,0 +1,126 @@
+package budget
+
+import (
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func isReady(w *Waiter) bool {
+	select {
+	case <-w.Ready():
+		return true
+	default:
+		return false
+	}
+}
+
+// Callers that find no slot queue for one: a freed slot goes to the first in
+// line and to no one else, a newcomer never takes it ahead of them, and a
+// waiter that leaves is skipped.
+func TestLimiterQueue(t *testing.T) {
+	l := NewLimiter(2)
+	for range 2 {
+		if _, ok := l.Acquire(); !ok {
+			t.Fatal("no slot free under a limit of 2 with nothing in flight")
+		}
+	}
+	var q []*Waiter
+	for range 4 {
+		w, ok := l.Acquire()
+		if ok {
+			t.Fatal("took a third slot under a limit of 2")
+		}
+		q = append(q, w)
+	}
+	l.Release(Permanent)
+	if !isReady(q[0]) || isReady(q[1]) {
+		t.Fatal("a freed slot did not go to the first in line alone")
+	}
+	if l.TryAcquire() {
+		t.Fatal("a newcomer took a slot while callers were queued")
+	}
+	q[1].Cancel()
+	l.Release(Permanent)
+	if isReady(q[1]) || !isReady(q[2]) {
+		t.Fatal("a slot went to a waiter that had left, not to the next in line")
+	}
+	// A waiter that leaves after its slot came frees the slot for the next.
+	q[2].Cancel()
+	if !isReady(q[3]) {
+		t.Fatal("the slot of a waiter that left after it came did not pass on")
+	}
+	if got := l.InFlight(); got != 2 {
+		t.Fatalf("in flight = %d, want 2", got)
+	}
+}
+
+// A limit that grows serves as many queued callers as it has room for.
+func TestLimiterGrowthServesTheQueue(t *testing.T) {
+	l := NewLimiter(4)
+	for range 4 {
+		l.TryAcquire()
+	}
+	for range 3 {
+		l.Release(Overload) // 4 → 3 → 2 → 1
+	}
+	if got := l.Limit(); got != 1 {
+		t.Fatalf("limit = %d, want 1", got)
+	}
+	a, _ := l.Acquire()
+	b, _ := l.Acquire()
+	l.Release(Success) // 1 → 2, and the one in flight is done
+	if !isReady(a) || !isReady(b) {
+		t.Fatalf("a limit of 2 with nothing in flight served a=%v b=%v, want both", isReady(a), isReady(b))
+	}
+}
+
+// Under churn — waits, leaves, releases from many goroutines — no more than
+// the limit are ever in flight, every slot is given back, and every caller
+// that stays is served.
+func TestLimiterChurn(t *testing.T) {
+	const limit = 8
+	l := NewLimiter(limit)
+	var inside, most atomic.Int32
+	var served atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 32 {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(g), 1))
+			for range 300 {
+				w, ok := l.Acquire()
+				if !ok {
+					if r.IntN(4) == 0 {
+						w.Cancel() // gives up, slot or not
+						continue
+					}
+					<-w.Ready()
+				}
+				n := inside.Add(1)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+				if r.IntN(8) == 0 {
+					time.Sleep(time.Microsecond)
+				}
+				inside.Add(-1)
+				served.Add(1)
+				l.Release(Permanent)
+			}
+		})
+	}
+	wg.Wait()
+	if m := most.Load(); m > limit {
+		t.Errorf("%d in flight at once under a limit of %d", m, limit)
+	}
+	if got := l.InFlight(); got != 0 {
+		t.Errorf("%d slots still taken after everyone left", got)
+	}
+	if served.Load() == 0 {
+		t.Error("nobody was served")
+	}
+	if l.TryAcquire() != true {
+		t.Error("no slot free after everyone left")
+	}
+}
