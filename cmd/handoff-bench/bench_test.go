@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -60,6 +61,34 @@ func TestMsgIDs(t *testing.T) {
 	}
 	if ordered > 55000 || ordered < 45000 {
 		t.Errorf("%d of 100000 ids sort after the one before: not scattered", ordered)
+	}
+}
+
+// Time-ordered ids are unique, UUIDv7-shaped, and sort by the millisecond
+// they were made in, whatever the order within one.
+func TestTimeIDs(t *testing.T) {
+	seen := map[string]bool{}
+	base := time.UnixMilli(1_780_000_000_000)
+	prevMax := "" // the largest id of the milliseconds before
+	for ms := range 1000 {
+		at := base.Add(time.Duration(ms) * time.Millisecond)
+		curMax := prevMax
+		for k := range 50 {
+			i := ms*50 + k
+			id := timeID(i, at)
+			if len(id) != 36 || id[14] != '7' || !strings.ContainsRune("89ab", rune(id[19])) || seen[id] {
+				t.Fatalf("timeID(%d) = %q: not a fresh UUIDv7-shaped id", i, id)
+			}
+			seen[id] = true
+			curMax = max(curMax, id)
+			if id <= prevMax {
+				t.Fatalf("timeID(%d) = %q sorts before an id of an earlier millisecond, %q", i, id, prevMax)
+			}
+		}
+		prevMax = curMax
+	}
+	if ms := timeID(0, base)[:13]; ms != fmt.Sprintf("%08x-%04x", uint64(base.UnixMilli())>>16, uint64(base.UnixMilli())&0xffff) {
+		t.Errorf("id starts %q: not the millisecond it was made in", ms)
 	}
 }
 

@@ -105,7 +105,7 @@ func producePaced(o options, topic string, rate float64, d time.Duration) (int, 
 			break
 		}
 		for want := int(now.Sub(start).Seconds() * rate); n < want; n++ {
-			id := msgID(n)
+			id := o.msgID(n)
 			wg.Add(1)
 			cl.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte(id), Value: body(id), Headers: []kgo.RecordHeader{
 				{Key: "ce_id", Value: []byte(id)},
@@ -170,8 +170,9 @@ func publishPaced(o options, q string, rate float64, d time.Duration) (int, erro
 			break
 		}
 		for want := int(now.Sub(start).Seconds() * rate); n < want; n++ {
+			id := o.msgID(n)
 			err := ch.PublishWithContext(context.Background(), "", q, false, false, amqp.Publishing{
-				MessageId: msgID(n), Body: body(msgID(n)), DeliveryMode: amqp.Persistent,
+				MessageId: id, Body: body(id), DeliveryMode: amqp.Persistent,
 				Headers: amqp.Table{"x-sent": strconv.FormatInt(time.Now().UnixNano(), 10)},
 			})
 			if err != nil {

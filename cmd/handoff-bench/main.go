@@ -64,6 +64,7 @@ type options struct {
 	compare   string // a second sidecar binary: compare the two, nothing else
 	rounds    int    // rounds of a comparison
 	batch     bool   // a comparison of the batch-delivery rows
+	timeIDs   bool   // message ids that sort by time (UUIDv7-shaped)
 }
 
 func runHarness(args []string) error {
@@ -81,6 +82,7 @@ func runHarness(args []string) error {
 	fs.StringVar(&o.compare, "compare", "", "another sidecar binary: run only the single-message sidecar rows, alternating the two binaries, and print them")
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds of -compare")
 	fs.BoolVar(&o.batch, "batch", false, "with -compare: compare the batch-delivery rows instead")
+	fs.BoolVar(&o.timeIDs, "time-ids", false, "with -compare: message ids that sort by time (UUIDv7-shaped) instead of random ones")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

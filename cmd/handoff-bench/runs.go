@@ -54,12 +54,34 @@ func bodies(seed uint64) func(id string) []byte {
 // index ordered by id (counted ids, "m-1", "m-2", …, would sit side by side
 // and flatter such an index). The mix is a bijection: ids never repeat.
 func msgID(i int) string {
-	v := uint64(i)*0x9e3779b97f4a7c15 ^ 0x6a09e667f3bcc909
+	v, w := idBits(i)
+	return fmt.Sprintf("%08x-%04x-4%03x-%04x-%012x", v>>32, v>>16&0xffff, v&0xfff, 0x8000|w>>48&0x3fff, w&0xffffffffffff)
+}
+
+// timeID is the id of message i made at now, shaped like a UUIDv7: the
+// millisecond first, then random bits, so ids made later sort later, as with
+// ULIDs or UUIDv7s.
+func timeID(i int, now time.Time) string {
+	v, w := idBits(i)
+	ms := uint64(now.UnixMilli())
+	return fmt.Sprintf("%08x-%04x-7%03x-%04x-%012x", ms>>16&0xffffffff, ms&0xffff, v&0xfff, 0x8000|w>>48&0x3fff, w&0xffffffffffff)
+}
+
+// idBits mixes i into two words; the mix is a bijection.
+func idBits(i int) (v, w uint64) {
+	v = uint64(i)*0x9e3779b97f4a7c15 ^ 0x6a09e667f3bcc909
 	v ^= v >> 31
 	v *= 0xbf58476d1ce4e5b9
 	v ^= v >> 29
-	w := bits.RotateLeft64(v, 23) ^ 0x3c6ef372fe94f82b
-	return fmt.Sprintf("%08x-%04x-4%03x-%04x-%012x", v>>32, v>>16&0xffff, v&0xfff, 0x8000|w>>48&0x3fff, w&0xffffffffffff)
+	return v, bits.RotateLeft64(v, 23) ^ 0x3c6ef372fe94f82b
+}
+
+// msgID is the id of message i in the run's id scheme.
+func (o options) msgID(i int) string {
+	if o.timeIDs {
+		return timeID(i, time.Now())
+	}
+	return msgID(i)
 }
 
 // app is a running bench app process.
@@ -313,7 +335,7 @@ func rabbitQueue(o options, name string) (string, func(), error) {
 		return nil
 	}
 	for i := range o.n {
-		id := msgID(i)
+		id := o.msgID(i)
 		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, false, false, amqp.Publishing{
 			MessageId: id, Body: body(id), DeliveryMode: amqp.Persistent,
 		})
@@ -499,7 +521,7 @@ func kafkaTopic(o options, name string) (string, func(), error) {
 	var wg sync.WaitGroup
 	var failed atomic.Value
 	for i := range o.n {
-		id := msgID(i)
+		id := o.msgID(i)
 		wg.Add(1)
 		cl.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte(id), Value: body(id), Headers: []kgo.RecordHeader{{Key: "ce_id", Value: []byte(id)}}},
 			func(_ *kgo.Record, err error) {
