@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"testing"
@@ -45,6 +46,33 @@ func TestWatermarkOnlyMovesOverSettledRecords(t *testing.T) {
 	}
 	if len(w.pending) != 0 {
 		t.Errorf("%d records still tracked after settling all", len(w.pending))
+	}
+}
+
+// Offsets with gaps (compaction, transaction markers), settled in any order:
+// the watermark is always just past the settled run at the front.
+func TestWatermarkSettlesInAnyOrder(t *testing.T) {
+	var w watermark
+	var offsets []int64
+	for o := int64(100); len(offsets) < 500; o += 1 + int64(len(offsets)%3) {
+		w.track(o, 0)
+		offsets = append(offsets, o)
+	}
+	order := rand.New(rand.NewPCG(1, 2)).Perm(len(offsets))
+	settled := map[int64]bool{}
+	for _, i := range order {
+		next, _, _ := w.settle(offsets[i])
+		settled[offsets[i]] = true
+		want := offsets[0]
+		for _, o := range offsets {
+			if !settled[o] {
+				break
+			}
+			want = o + 1
+		}
+		if next != want {
+			t.Fatalf("after settling %d: watermark %d, want %d", offsets[i], next, want)
+		}
 	}
 }
 
