@@ -21,33 +21,38 @@ type Limiter struct {
 	inflight int
 	queue    []*Waiter // in arrival order from head; withdrawn ones are skipped
 	head     int
+	queued   int // waiters in the queue not withdrawn
 }
 
 // Waiter is a caller's place in the limiter's queue.
 type Waiter struct {
 	l       *Limiter
 	ready   chan struct{} // closed once a slot is the waiter's
-	granted bool          // under l.mu
-	gone    bool          // withdrawn before a slot came; under l.mu
+	granted bool          // holds a slot it has not given back; under l.mu
+	gone    bool          // cancelled; under l.mu
 }
 
 // Ready is closed once a slot has been taken for the waiter: it holds the
 // slot from then on, and frees it with Release like any other.
 func (w *Waiter) Ready() <-chan struct{} { return w.ready }
 
-// Cancel leaves the queue. A slot already taken for the waiter is freed (it
-// goes to the next in line), so Cancel is right whether or not Ready fired.
+// Cancel is for a waiter that gives up instead of using its slot: it leaves
+// the queue, and a slot already taken for it is freed for the next in line,
+// so it is right whether or not Ready fired. A slot that was used is freed
+// with Release, never with Cancel.
 func (w *Waiter) Cancel() {
 	l := w.l
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if w.granted {
-		w.granted = false
+	switch {
+	case w.granted:
+		w.granted, w.gone = false, true
 		l.inflight--
 		l.grant()
-		return
+	case !w.gone:
+		w.gone = true
+		l.queued--
 	}
-	w.gone = true
 }
 
 // decrease is the factor applied on Overload and Unknown.
@@ -78,6 +83,7 @@ func (l *Limiter) Acquire() (w *Waiter, ok bool) {
 	}
 	w = &Waiter{l: l, ready: make(chan struct{})}
 	l.queue = append(l.queue, w)
+	l.queued++
 	return w, false
 }
 
@@ -102,6 +108,7 @@ func (l *Limiter) grant() {
 		}
 		w.granted = true
 		l.inflight++
+		l.queued--
 		close(w.ready)
 	}
 	if l.head == len(l.queue) {
@@ -134,6 +141,13 @@ func (l *Limiter) Limit() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return int(l.limit)
+}
+
+// Queued is how many callers wait for a slot.
+func (l *Limiter) Queued() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.queued
 }
 
 // InFlight is how many slots are taken.

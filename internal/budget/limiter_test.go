@@ -43,6 +43,10 @@ func TestLimiterQueue(t *testing.T) {
 		t.Fatal("a newcomer took a slot while callers were queued")
 	}
 	q[1].Cancel()
+	q[1].Cancel() // twice: still one waiter gone
+	if got := l.Queued(); got != 2 {
+		t.Fatalf("queued = %d after one of three left, want 2", got)
+	}
 	l.Release(Permanent)
 	if isReady(q[1]) || !isReady(q[2]) {
 		t.Fatal("a slot went to a waiter that had left, not to the next in line")
@@ -52,8 +56,9 @@ func TestLimiterQueue(t *testing.T) {
 	if !isReady(q[3]) {
 		t.Fatal("the slot of a waiter that left after it came did not pass on")
 	}
-	if got := l.InFlight(); got != 2 {
-		t.Fatalf("in flight = %d, want 2", got)
+	q[2].Cancel() // twice: the slot is not freed again
+	if n, w := l.InFlight(), l.Queued(); n != 2 || w != 0 {
+		t.Fatalf("in flight %d, queued %d; want 2 and 0", n, w)
 	}
 }
 
@@ -77,14 +82,15 @@ func TestLimiterGrowthServesTheQueue(t *testing.T) {
 	}
 }
 
-// Under churn — waits, leaves, releases from many goroutines — no more than
-// the limit are ever in flight, every slot is given back, and every caller
-// that stays is served.
+// Under churn — waits, leaves before and after a slot came, answers that
+// move the limit both ways, from many goroutines — no more than the limit's
+// ceiling are ever in flight, and when everyone has left no slot is taken and
+// nobody is queued.
 func TestLimiterChurn(t *testing.T) {
-	const limit = 8
-	l := NewLimiter(limit)
+	const ceiling = 8
+	l := NewLimiter(ceiling)
+	outcomes := []Outcome{Success, Success, Success, Overload, Unknown, Permanent, 0}
 	var inside, most atomic.Int32
-	var served atomic.Int64
 	var wg sync.WaitGroup
 	for g := range 32 {
 		wg.Go(func() {
@@ -92,8 +98,13 @@ func TestLimiterChurn(t *testing.T) {
 			for range 300 {
 				w, ok := l.Acquire()
 				if !ok {
-					if r.IntN(4) == 0 {
+					switch r.IntN(6) {
+					case 0:
 						w.Cancel() // gives up, slot or not
+						continue
+					case 1:
+						<-w.Ready()
+						w.Cancel() // the slot came, and is not wanted after all
 						continue
 					}
 					<-w.Ready()
@@ -105,22 +116,18 @@ func TestLimiterChurn(t *testing.T) {
 					time.Sleep(time.Microsecond)
 				}
 				inside.Add(-1)
-				served.Add(1)
-				l.Release(Permanent)
+				l.Release(outcomes[r.IntN(len(outcomes))])
 			}
 		})
 	}
 	wg.Wait()
-	if m := most.Load(); m > limit {
-		t.Errorf("%d in flight at once under a limit of %d", m, limit)
+	if m := most.Load(); m > ceiling {
+		t.Errorf("%d in flight at once under a ceiling of %d", m, ceiling)
 	}
-	if got := l.InFlight(); got != 0 {
-		t.Errorf("%d slots still taken after everyone left", got)
+	if n, q := l.InFlight(), l.Queued(); n != 0 || q != 0 {
+		t.Errorf("after everyone left: %d slots taken, %d queued; want none", n, q)
 	}
-	if served.Load() == 0 {
-		t.Error("nobody was served")
-	}
-	if l.TryAcquire() != true {
+	if !l.TryAcquire() {
 		t.Error("no slot free after everyone left")
 	}
 }

@@ -411,12 +411,15 @@ func (h *handoff) wait(ctx context.Context, due time.Time) bool {
 }
 
 // acquire takes a slot for a call to the app, under the adaptive limit and
-// after any pause an Overload answer's Retry-After asked for. A first attempt
-// also waits while fresh intake is paused (the budget is spent and first
-// attempts keep failing), unless a probe lets it through: the message stays
-// unsettled, holding its prefetch slot, so the broker keeps the backlog. It
-// gives up, handing the delivery back, when intake stops or ctx is done, and
-// leaves a lost delivery alone.
+// after any pause an Overload answer's Retry-After asked for; true means the
+// walk holds a slot, which the call's Release frees. Walks that find no slot
+// free queue for one in arrival order. A first attempt also waits while fresh
+// intake is paused (the budget is spent and first attempts keep failing),
+// unless a probe lets it through: the message stays unsettled, holding its
+// prefetch slot, so the broker keeps the backlog. A slot that comes while a
+// pause begins is given back, and the walk waits out the pause and queues
+// again. It gives up, handing the delivery back, when intake stops or ctx is
+// done, and leaves a lost delivery alone.
 func (h *handoff) acquire(ctx context.Context, first bool) bool {
 	e := h.e
 	held := false // the limiter's queue gave this walk a slot while it waited
@@ -427,9 +430,13 @@ func (h *handoff) acquire(ctx context.Context, first bool) bool {
 		}
 	}
 	for {
-		if h.intake.Err() != nil {
+		if h.intake.Err() != nil || ctx.Err() != nil {
 			giveBack()
 			h.handBack()
+			return false
+		}
+		if isClosed(h.d.Lost()) {
+			giveBack()
 			return false
 		}
 		var wake, probe, slot <-chan struct{}

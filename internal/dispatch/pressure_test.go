@@ -240,8 +240,7 @@ func TestQueuedWalksHandedBackTakeNoSlot(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
-	waitUntil(t, func() bool { return app.count() == 1 })
-	time.Sleep(20 * time.Millisecond) // the other two queue for the slot
+	waitUntil(t, func() bool { return app.count() == 1 && e.limiter.Queued() == 2 })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -256,4 +255,28 @@ func TestQueuedWalksHandedBackTakeNoSlot(t *testing.T) {
 	if n := e.limiter.InFlight(); n != 0 {
 		t.Fatalf("%d call slots still taken after every walk ended", n)
 	}
+}
+
+// A slot that comes to a queued walk as a Retry-After pause begins is given
+// back: while the pause lasts no slot is held, and the walk calls after it.
+func TestSlotGivenBackWhenAPauseBegins(t *testing.T) {
+	r := newRig(t)
+	app := newScriptApp(handler.Result{Outcome: budget.Overload, RetryAfter: 400 * time.Millisecond}, 50*time.Millisecond)
+	first, second := r.delivery("first"), r.delivery("second")
+	e := r.engineWith(app, func(o *Options) { o.MaxConcurrency = 1 }, first, second)
+	e.limiter = budget.NewLimiter(1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	// The first is in its call and the second queued behind it; the first
+	// answers 429, and its slot goes to the second as the pause begins.
+	waitUntil(t, func() bool { return app.count() == 1 && e.limiter.Queued() == 1 })
+	waitUntil(t, func() bool { return e.overloadUntil.Load() != 0 })
+	app.answer.Store(handler.Result{Outcome: budget.Success})
+	time.Sleep(100 * time.Millisecond) // inside the pause
+	if n, q := e.limiter.InFlight(), app.count(); n != 0 || q != 1 {
+		t.Fatalf("during the pause: %d slots held, %d calls; want none held and only the first call", n, q)
+	}
+	waitUntil(t, func() bool { return app.count() >= 2 })
 }
