@@ -94,6 +94,9 @@ func TestTimeIDs(t *testing.T) {
 
 func TestRenderNamesEveryRun(t *testing.T) {
 	rows := []row{{name: "ceiling", rate: 1000, calls: 1, noProcs: true}, {name: "sidecar", rate: 500, calls: 1.1, cpu: 2, rssMB: 40, anonMB: 25, vsBase: 0.5}}
+	if md := render(options{n: 10, timeIDs: true}, rows, 1000, 0); !strings.Contains(md, "UUIDv7-shaped ids") {
+		t.Error("a run with time-ordered ids does not say so")
+	}
 	md := render(options{n: 10}, rows, 1000, 0)
 	for _, want := range []string{"| ceiling | 1000 | 1.00 | — | — | — | — | 1.00 |", "| sidecar | 500 | 1.10 | 2.00 | 40.0 | 25.0 | 0.50 | 0.50 |"} {
 		if !strings.Contains(md, want) {

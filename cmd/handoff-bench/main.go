@@ -56,15 +56,17 @@ type options struct {
 	kafka   string
 	// kafkaName names the Kafka broker in row names: "Kafka", or "kfake"
 	// for the embedded one.
-	kafkaName string
-	self      string
-	skipSlow  bool
-	profile   string // a directory for the consumer runs' CPU profiles
-	only      string // rabbitmq or kafka: one broker's runs
-	compare   string // a second sidecar binary: compare the two, nothing else
-	rounds    int    // rounds of a comparison
-	batch     bool   // a comparison of the batch-delivery rows
-	timeIDs   bool   // message ids that sort by time (UUIDv7-shaped)
+	kafkaName  string
+	self       string
+	skipSlow   bool
+	profile    string // a directory for the consumer runs' CPU profiles
+	only       string // rabbitmq or kafka: one broker's runs
+	compare    string // a second sidecar binary: compare the two, nothing else
+	rounds     int    // rounds of a comparison
+	batch      bool   // a comparison of the batch-delivery rows
+	timeIDs    bool   // message ids that sort by time (UUIDv7-shaped)
+	compareIDs bool   // compare random ids with time-ordered ones on one build
+	allocs     bool   // the sidecar writes an allocation profile too
 }
 
 func runHarness(args []string) error {
@@ -77,12 +79,13 @@ func runHarness(args []string) error {
 	o.kafkaName = "Kafka"
 	fs.StringVar(&o.kafka, "kafka", envOr("HANDOFF_KAFKA_BROKERS", "127.0.0.1:19092"), "Kafka bootstrap broker")
 	fs.BoolVar(&o.skipSlow, "skip-slow", false, "leave out journal.sync: always and ordering: partition (slow by design)")
-	fs.StringVar(&o.profile, "profile", "", "write each consumer run's CPU profile (pprof) into this directory")
+	fs.StringVar(&o.profile, "profile", "", "write each consumer run's CPU profile (pprof), and the sidecar's allocations, into this directory")
 	fs.StringVar(&o.only, "only", "", "rabbitmq or kafka: run one broker's columns")
-	fs.StringVar(&o.compare, "compare", "", "another sidecar binary: run only the single-message sidecar rows, alternating the two binaries, and print them")
-	fs.IntVar(&o.rounds, "rounds", 3, "rounds of -compare")
-	fs.BoolVar(&o.batch, "batch", false, "with -compare: compare the batch-delivery rows instead")
-	fs.BoolVar(&o.timeIDs, "time-ids", false, "with -compare: message ids that sort by time (UUIDv7-shaped) instead of random ones")
+	fs.StringVar(&o.compare, "compare", "", "another sidecar binary: run only the single-message sidecar rows (the batch rows with -batch), alternating the two binaries, and print them")
+	fs.BoolVar(&o.compareIDs, "compare-ids", false, "like -compare, but alternate random message ids with time-ordered ones on the one sidecar binary")
+	fs.IntVar(&o.rounds, "rounds", 3, "rounds of -compare or -compare-ids")
+	fs.BoolVar(&o.batch, "batch", false, "with -compare or -compare-ids: compare the batch-delivery rows instead")
+	fs.BoolVar(&o.timeIDs, "time-ids", false, "message ids that sort by time (UUIDv7-shaped) instead of random ones")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -101,8 +104,9 @@ func runHarness(args []string) error {
 		if err := os.MkdirAll(o.profile, 0o755); err != nil {
 			return err
 		}
+		o.allocs = true
 	}
-	if o.compare != "" {
+	if o.compare != "" || o.compareIDs {
 		return compare(o)
 	}
 	started := time.Now()
@@ -199,20 +203,33 @@ func runHarness(args []string) error {
 	return nil
 }
 
-// compare runs the single-message sidecar rows of each broker with the
-// sidecar binary and with o.compare in turn, o.rounds times: on a noisy
-// machine, alternating is what makes two builds comparable.
+// compare runs the single-message sidecar rows of each broker (the batch
+// rows with o.batch) on each side of a comparison in turn, o.rounds times: on
+// a noisy machine, alternating is what makes two builds, or two kinds of
+// message id, comparable.
 func compare(o options) error {
-	other, err := filepath.Abs(o.compare)
-	if err != nil {
-		return err
+	type side struct {
+		tag string
+		o   options
 	}
-	bins := []string{o.sidecar, other}
+	var sides []side
+	if o.compareIDs {
+		random, timed := o, o
+		random.timeIDs, timed.timeIDs = false, true
+		sides = []side{{"random ids", random}, {"time-ordered ids", timed}}
+	} else {
+		other, err := filepath.Abs(o.compare)
+		if err != nil {
+			return err
+		}
+		ob := o
+		ob.sidecar = other
+		ob.allocs = false // an earlier build may not know the flag
+		sides = []side{{filepath.Base(o.sidecar), o}, {filepath.Base(other), ob}}
+	}
 	for round := 1; round <= o.rounds; round++ {
-		for _, bin := range bins {
-			ob := o
-			ob.sidecar = bin
-			tag := fmt.Sprintf(" [%s, round %d]", filepath.Base(bin), round)
+		for _, sd := range sides {
+			tag := fmt.Sprintf(" [%s, round %d]", sd.tag, round)
 			show := func(r row, err error) {
 				if err != nil {
 					r.note = "failed: " + err.Error()
@@ -221,10 +238,10 @@ func compare(o options) error {
 				fmt.Println(r.line(0))
 			}
 			if o.only != "kafka" {
-				show(rabbitSidecar(ob, "batch", false, o.batch))
+				show(rabbitSidecar(sd.o, "batch", false, o.batch))
 			}
 			if o.only != "rabbitmq" {
-				show(kafkaSidecar(ob, "none", false, o.batch))
+				show(kafkaSidecar(sd.o, "none", false, o.batch))
 			}
 		}
 	}
@@ -268,8 +285,12 @@ func render(o options, rows []row, ceil float64, took time.Duration) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Benchmarks\n\nMeasured by `make bench` (`cmd/handoff-bench -n %d`) on %s; the whole run took %v.\n\n",
 		o.n, machine(), took.Round(time.Second))
+	ids := "UUID-shaped ids, as most producers send"
+	if o.timeIDs {
+		ids = "UUIDv7-shaped ids, which sort by the time they were made"
+	}
 	b.WriteString("Every consumer drains the same preloaded backlog of 1 KiB messages (JSON with random content, which\n" +
-		"Kafka's compression cannot shrink; UUID-shaped ids, as most producers send) into the same app: a separate\n" +
+		"Kafka's compression cannot shrink; " + ids + ") into the same app: a separate\n" +
 		"process that answers each POST at once. *rate* runs from the app's first call to its last new\n" +
 		"success. *CPU* (rusage) and peak *RSS* (VmHWM) are the consumer process's own: the sidecar, or the hand-written\n" +
 		"baseline (prefetch 256 or a poll loop, 64 workers posting over pooled keep-alive connections, ack or\n" +

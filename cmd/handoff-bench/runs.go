@@ -486,8 +486,10 @@ func baselineCmd(o options, run string, args ...string) *exec.Cmd {
 func sidecarCmd(o options, path, run string) *exec.Cmd {
 	args := []string{"run", "--config", path}
 	if o.profile != "" {
-		args = append(args, "--cpu-profile", filepath.Join(o.profile, run+".pprof"),
-			"--alloc-profile", filepath.Join(o.profile, run+".allocs.pprof"))
+		args = append(args, "--cpu-profile", filepath.Join(o.profile, run+".pprof"))
+	}
+	if o.allocs {
+		args = append(args, "--alloc-profile", filepath.Join(o.profile, run+".allocs.pprof"))
 	}
 	return exec.Command(o.sidecar, args...)
 }

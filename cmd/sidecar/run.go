@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"strings"
 	"sync"
@@ -53,10 +54,14 @@ func runCmd() *cobra.Command {
 					return &exitError{code: exitConfig, err: fmt.Errorf("--alloc-profile: %w", err)}
 				}
 				defer func() {
-					if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+					runtime.GC() // the profile counts up to the last collection
+					err := pprof.Lookup("allocs").WriteTo(f, 0)
+					if cerr := f.Close(); err == nil {
+						err = cerr
+					}
+					if err != nil {
 						log.Error("writing the allocation profile", "err", err)
 					}
-					_ = f.Close()
 				}()
 			}
 			return serve(cmd.Context(), cfg, log, hooks{})
