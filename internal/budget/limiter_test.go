@@ -8,15 +8,6 @@ import (
 	"time"
 )
 
-func isReady(w *Waiter) bool {
-	select {
-	case <-w.Ready():
-		return true
-	default:
-		return false
-	}
-}
-
 // Callers that find no slot queue for one: a freed slot goes to the first in
 // line and to no one else, a newcomer never takes it ahead of them, and a
 // waiter that leaves is skipped.
@@ -36,7 +27,7 @@ func TestLimiterQueue(t *testing.T) {
 		q = append(q, w)
 	}
 	l.Release(Permanent)
-	if !isReady(q[0]) || isReady(q[1]) {
+	if !isClosed(q[0].Ready()) || isClosed(q[1].Ready()) {
 		t.Fatal("a freed slot did not go to the first in line alone")
 	}
 	if l.TryAcquire() {
@@ -48,12 +39,12 @@ func TestLimiterQueue(t *testing.T) {
 		t.Fatalf("queued = %d after one of three left, want 2", got)
 	}
 	l.Release(Permanent)
-	if isReady(q[1]) || !isReady(q[2]) {
+	if isClosed(q[1].Ready()) || !isClosed(q[2].Ready()) {
 		t.Fatal("a slot went to a waiter that had left, not to the next in line")
 	}
 	// A waiter that leaves after its slot came frees the slot for the next.
 	q[2].Cancel()
-	if !isReady(q[3]) {
+	if !isClosed(q[3].Ready()) {
 		t.Fatal("the slot of a waiter that left after it came did not pass on")
 	}
 	q[2].Cancel() // twice: the slot is not freed again
@@ -77,8 +68,8 @@ func TestLimiterGrowthServesTheQueue(t *testing.T) {
 	a, _ := l.Acquire()
 	b, _ := l.Acquire()
 	l.Release(Success) // 1 → 2, and the one in flight is done
-	if !isReady(a) || !isReady(b) {
-		t.Fatalf("a limit of 2 with nothing in flight served a=%v b=%v, want both", isReady(a), isReady(b))
+	if !isClosed(a.Ready()) || !isClosed(b.Ready()) {
+		t.Fatalf("a limit of 2 with nothing in flight served a=%v b=%v, want both", isClosed(a.Ready()), isClosed(b.Ready()))
 	}
 }
 

@@ -28,7 +28,7 @@ type RetryBudget struct {
 	mu      sync.Mutex
 	buckets []bucket // a ring, indexed by slot number modulo its length
 	denied  uint64
-	changed chan struct{} // closed and replaced when tokens are deposited
+	changed chan struct{} // closed and replaced when a deposit makes a token
 	waiting bool          // someone holds changed
 }
 
@@ -79,12 +79,13 @@ func (b *RetryBudget) balanceLocked() float64 {
 	return b.floor*b.window.Seconds() + b.ratio*dep - wd
 }
 
-// Deposit records a first attempt.
+// Deposit records a first attempt. It wakes the waiters only once it has
+// made a whole token: at a ratio of 0.1, one deposit in ten.
 func (b *RetryBudget) Deposit() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.current().deposits++
-	if b.ratio > 0 && b.waiting {
+	if b.ratio > 0 && b.waiting && b.balanceLocked() >= 1 {
 		close(b.changed)
 		b.changed = make(chan struct{})
 		b.waiting = false

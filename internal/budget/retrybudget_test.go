@@ -121,6 +121,34 @@ func TestPollWakesOnADeposit(t *testing.T) {
 	}
 }
 
+// Waiters wake when a deposit makes a whole token, not on every deposit.
+func TestDepositsWakeOnAWholeToken(t *testing.T) {
+	b := NewRetryBudget(0.25, 0, 10*time.Second, nil)
+	_, changed, _ := b.Poll(true)
+	for i := 1; i <= 3; i++ {
+		b.Deposit()
+		if isClosed(changed) {
+			t.Fatalf("deposit %d of a 0.25 ratio woke the waiters with no whole token", i)
+		}
+	}
+	b.Deposit()
+	if !isClosed(changed) {
+		t.Fatal("the fourth deposit of a 0.25 ratio made a token and woke no one")
+	}
+	if ok, _, _ := b.Poll(false); !ok {
+		t.Fatal("woken, but no token")
+	}
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
 func TestLimiterAIMD(t *testing.T) {
 	l := NewLimiter(64)
 	for range 64 {
