@@ -465,6 +465,9 @@ func (j *Journal) write(tx *bolt.Tx, batch []*request) (int, error) {
 // tree is the journal's buckets in one transaction.
 type tree struct {
 	ids, records, pending, expiry *bolt.Bucket
+	// Cursors made on first use and kept for the transaction's point
+	// reads: Bucket.Get makes a cursor, and grows its stack, on every call.
+	idsAt, pendingAt *bolt.Cursor
 }
 
 func buckets(tx *bolt.Tx) tree {
@@ -472,9 +475,21 @@ func buckets(tx *bolt.Tx) tree {
 		pending: tx.Bucket(bucketPending), expiry: tx.Bucket(bucketExpiry)}
 }
 
+// get reads the value of key k, like Bucket.Get, through *c, which it makes
+// from bk when it is nil.
+func get(bk *bolt.Bucket, c **bolt.Cursor, k []byte) []byte {
+	if *c == nil {
+		*c = bk.Cursor()
+	}
+	if key, v := (*c).Seek(k); bytes.Equal(key, k) {
+		return v
+	}
+	return nil
+}
+
 // lookup returns the id of the hand-off with encoded key k, or nil.
-func (b tree) lookup(k []byte) []byte {
-	id := b.ids.Get(k)
+func (b *tree) lookup(k []byte) []byte {
+	id := get(b.ids, &b.idsAt, k)
 	if len(id) != idLen {
 		return nil
 	}
@@ -483,7 +498,7 @@ func (b tree) lookup(k []byte) []byte {
 
 // id returns the id of the hand-off with encoded key k, giving it the next
 // one (and writing its key record) when it has none.
-func (b tree) id(k []byte) ([]byte, error) {
+func (b *tree) id(k []byte) ([]byte, error) {
 	if id := b.lookup(k); id != nil {
 		return id, nil
 	}
@@ -501,10 +516,10 @@ func (b tree) id(k []byte) ([]byte, error) {
 // index keeps the pending and expiry indexes. A pending entry holds the time
 // the hand-off opened and its latest hop; a settle of an earlier hop (which
 // can land after the next hop was received) leaves it pending.
-func (b tree) index(id []byte, rec *Record) error {
+func (b *tree) index(id []byte, rec *Record) error {
 	switch rec.Kind {
 	case Received:
-		v := b.pending.Get(id)
+		v := get(b.pending, &b.pendingAt, id)
 		if v == nil {
 			return b.pending.Put(id, openValue(rec.At, rec.Hop))
 		}
@@ -512,7 +527,7 @@ func (b tree) index(id []byte, rec *Record) error {
 			return b.pending.Put(id, openValue(at, rec.Hop))
 		}
 	case Settled:
-		if v := b.pending.Get(id); v != nil {
+		if v := get(b.pending, &b.pendingAt, id); v != nil {
 			if _, hop, ok := parseOpenValue(v); !ok || hop <= rec.Hop {
 				if err := b.pending.Delete(id); err != nil {
 					return err
