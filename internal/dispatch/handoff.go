@@ -274,14 +274,24 @@ func (h *handoff) attempt(ctx context.Context) {
 			Deadline:    t.Deadline,
 			Redelivered: h.msg.Redelivered || t.ErrorClass == budget.Unknown.String(),
 			ReplayID:    t.ReplayID,
-			Timeout:     min(e.o.Timeout, t.Deadline.Sub(now)),
-		}
-		if recorded != req.Attempt {
-			h.appendAsync(journal.Record{Kind: journal.Attempt, At: now, Hop: t.Hops, Attempt: req.Attempt})
-			recorded = req.Attempt
 		}
 		if !h.acquire(ctx, next == 1) {
+			// No call was made: nothing is written, so a redelivery is a
+			// fresh attempt, not one cut short.
 			return
+		}
+		if now = e.now(); !p.CanAttempt(now, t.Deadline) {
+			// The deadline came while the walk waited for a slot.
+			e.limiter.Release(0)
+			h.deadLetter(ctx, budget.ReasonDeadline)
+			return
+		}
+		req.Timeout = min(e.o.Timeout, t.Deadline.Sub(now))
+		if recorded != req.Attempt {
+			// Written once the call is sure to be made, before it: a crash
+			// during the call leaves an attempt whose outcome is unknown.
+			h.appendAsync(journal.Record{Kind: journal.Attempt, At: now, Hop: t.Hops, Attempt: req.Attempt})
+			recorded = req.Attempt
 		}
 		if next == 1 && budgeted != 1 && e.o.Budget != nil {
 			// Deposited once the call is sure to be made: a first attempt
@@ -473,8 +483,8 @@ func (h *handoff) acquire(ctx context.Context, first bool) bool {
 		ok := true
 		select {
 		case <-slot:
-			// Ours; the loop checks once more that nothing paused calls
-			// meanwhile.
+			// Ours; the loop checks once more that intake, ctx and the
+			// delivery are still live and that nothing paused calls.
 			held = true
 		case <-wake:
 		case <-probe:

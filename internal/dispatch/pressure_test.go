@@ -11,6 +11,7 @@ import (
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/budget"
 	"handoff.dev/handoff/internal/handler"
+	"handoff.dev/handoff/internal/journal"
 )
 
 // scriptApp answers every call with whatever answer holds now.
@@ -255,6 +256,28 @@ func TestQueuedWalksHandedBackTakeNoSlot(t *testing.T) {
 	if n := e.limiter.InFlight(); n != 0 {
 		t.Fatalf("%d call slots still taken after every walk ended", n)
 	}
+	// No call was made for the two handed back, whichever two they were:
+	// the journal holds no attempt of theirs, so their redelivery is a first
+	// attempt, not one whose outcome is unknown. (A waited Append commits
+	// every record queued before it.)
+	if err := r.journal.Append(context.Background(), journal.Key{Source: "fake", EventID: "flush"}, journal.Record{Kind: journal.Received}); err != nil {
+		t.Fatal(err)
+	}
+	app.mu.Lock()
+	called := app.attempts
+	app.mu.Unlock()
+	for _, id := range []string{"first", "second", "third"} {
+		if len(called[id]) > 0 {
+			continue // the one called
+		}
+		st, err := r.journal.State(journal.Key{Source: "fake", EventID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Attempts != 0 || st.HopAttempt != 0 {
+			t.Errorf("%s, handed back before its call: journal holds attempt %d (hop attempt %d), want none", id, st.Attempts, st.HopAttempt)
+		}
+	}
 }
 
 // A slot that comes to a queued walk as a Retry-After pause begins is given
@@ -279,4 +302,45 @@ func TestSlotGivenBackWhenAPauseBegins(t *testing.T) {
 		t.Fatalf("during the pause: %d slots held, %d calls; want none held and only the first call", n, q)
 	}
 	waitUntil(t, func() bool { return app.count() >= 2 })
+}
+
+// A walk whose deadline passes while it waits for a call slot is
+// dead-lettered when the slot comes, not called.
+func TestDeadlinePassedInTheQueue(t *testing.T) {
+	r := newRig(t)
+	app := newScriptApp(handler.Result{Outcome: budget.Success}, 0)
+	late := r.delivery("late")
+	e := r.engineWith(app, func(o *Options) {
+		o.MaxConcurrency = 1
+		o.Policy.Deadline = 100 * time.Millisecond
+	}, late)
+	e.limiter = budget.NewLimiter(1)
+	if !e.limiter.TryAcquire() { // the one slot, held by the test
+		t.Fatal("no slot free at the start")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitUntil(t, func() bool { return e.limiter.Queued() == 1 })
+	time.Sleep(150 * time.Millisecond) // past the walk's deadline
+	e.limiter.Release(0)
+	waitUntil(t, func() bool {
+		for _, ev := range r.snapshot() {
+			if ev.kind == "ack" {
+				return true
+			}
+		}
+		return false
+	})
+	var dead bool
+	for _, ev := range r.snapshot() {
+		dead = dead || (ev.kind == "transfer" && ev.dest.DeadLetter)
+	}
+	if app.count() != 0 || !dead {
+		t.Fatalf("calls %d, dead-lettered %v, events %v; want no call and a dead letter", app.count(), dead, r.snapshot())
+	}
+	if n := e.limiter.InFlight(); n != 0 {
+		t.Fatalf("%d slots taken after the walk ended", n)
+	}
 }
