@@ -37,17 +37,8 @@ func runCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if cpuProfile != "" {
-				f, err := os.Create(cpuProfile)
-				if err != nil {
-					return &exitError{code: exitConfig, err: fmt.Errorf("--cpu-profile: %w", err)}
-				}
-				defer f.Close()
-				if err := pprof.StartCPUProfile(f); err != nil {
-					return err
-				}
-				defer pprof.StopCPUProfile()
-			}
+			// Set up before the CPU profile, so that it is written after that
+			// stops and its collection stays out of it.
 			if allocProfile != "" {
 				f, err := os.Create(allocProfile)
 				if err != nil {
@@ -63,6 +54,17 @@ func runCmd() *cobra.Command {
 						log.Error("writing the allocation profile", "err", err)
 					}
 				}()
+			}
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return &exitError{code: exitConfig, err: fmt.Errorf("--cpu-profile: %w", err)}
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return err
+				}
+				defer pprof.StopCPUProfile()
 			}
 			return serve(cmd.Context(), cfg, log, hooks{})
 		},

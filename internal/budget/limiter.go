@@ -28,7 +28,7 @@ type Limiter struct {
 type Waiter struct {
 	l       *Limiter
 	ready   chan struct{} // closed once a slot is the waiter's
-	granted bool          // holds a slot it has not given back; under l.mu
+	granted bool          // a slot was taken for it and Cancel has not freed it; under l.mu
 	gone    bool          // cancelled; under l.mu
 }
 

@@ -79,8 +79,9 @@ func (b *RetryBudget) balanceLocked() float64 {
 	return b.floor*b.window.Seconds() + b.ratio*dep - wd
 }
 
-// Deposit records a first attempt. It wakes the waiters only once it has
-// made a whole token: at a ratio of 0.1, one deposit in ten.
+// Deposit records a first attempt. It wakes the waiters only once the
+// balance reaches a whole token: from an empty budget at a ratio of 0.1, one
+// deposit in ten.
 func (b *RetryBudget) Deposit() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -93,7 +94,7 @@ func (b *RetryBudget) Deposit() {
 }
 
 // Poll takes a token for a re-attempt or, when there is none, returns the
-// channel the next deposit closes and how long until old withdrawals may
+// channel closed by the next deposit that makes a whole token, and how long until old withdrawals may
 // leave the window: for a caller that waits on more than the budget in one
 // select. Only the first poll of a wait should count its denial.
 func (b *RetryBudget) Poll(countDenial bool) (ok bool, changed <-chan struct{}, recheck time.Duration) {
@@ -102,7 +103,7 @@ func (b *RetryBudget) Poll(countDenial bool) (ok bool, changed <-chan struct{}, 
 }
 
 // check reports whether a token is there, taking it when take is set; when
-// there is none it returns the channel that a deposit closes.
+// there is none it returns the channel that a deposit making one closes.
 func (b *RetryBudget) check(take, countDenial bool) (bool, <-chan struct{}) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
