@@ -12,6 +12,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -67,6 +68,7 @@ type options struct {
 	timeIDs    bool   // message ids that sort by time (UUIDv7-shaped)
 	compareIDs bool   // compare random ids with time-ordered ones on one build
 	allocs     bool   // the sidecar writes an allocation profile too
+	side       string // in a comparison, the side and round, for profile file names
 }
 
 func runHarness(args []string) error {
@@ -105,6 +107,12 @@ func runHarness(args []string) error {
 			return err
 		}
 		o.allocs = true
+	}
+	switch {
+	case o.compare != "" && o.compareIDs:
+		return errors.New("-compare and -compare-ids: one comparison at a time")
+	case o.compareIDs && o.timeIDs:
+		return errors.New("-compare-ids runs both kinds of id: -time-ids has no place in it")
 	}
 	if o.compare != "" || o.compareIDs {
 		return compare(o)
@@ -230,6 +238,7 @@ func compare(o options) error {
 	for round := 1; round <= o.rounds; round++ {
 		for _, sd := range sides {
 			tag := fmt.Sprintf(" [%s, round %d]", sd.tag, round)
+			sd.o.side = fmt.Sprintf("%s-%d", strings.ReplaceAll(sd.tag, " ", "-"), round)
 			show := func(r row, err error) {
 				if err != nil {
 					r.note = "failed: " + err.Error()

@@ -477,19 +477,28 @@ func runConsumer(o options, name string, mixed bool, build starter) (row, error)
 func baselineCmd(o options, run string, args ...string) *exec.Cmd {
 	cmd := exec.Command(o.self, args...)
 	if o.profile != "" {
-		cmd.Env = append(os.Environ(), profileEnv+"="+filepath.Join(o.profile, strings.ReplaceAll(run, " ", "")+".pprof"))
+		cmd.Env = append(os.Environ(), profileEnv+"="+filepath.Join(o.profile, o.profileName(strings.ReplaceAll(run, " ", ""))+".pprof"))
 	}
 	return cmd
+}
+
+// profileName is run's profile file name, with the comparison side it ran
+// on, if any.
+func (o options) profileName(run string) string {
+	if o.side == "" {
+		return run
+	}
+	return run + "." + o.side
 }
 
 // sidecarCmd runs the sidecar binary on path, profiled when asked.
 func sidecarCmd(o options, path, run string) *exec.Cmd {
 	args := []string{"run", "--config", path}
 	if o.profile != "" {
-		args = append(args, "--cpu-profile", filepath.Join(o.profile, run+".pprof"))
+		args = append(args, "--cpu-profile", filepath.Join(o.profile, o.profileName(run)+".pprof"))
 	}
 	if o.allocs {
-		args = append(args, "--alloc-profile", filepath.Join(o.profile, run+".allocs.pprof"))
+		args = append(args, "--alloc-profile", filepath.Join(o.profile, o.profileName(run)+".allocs.pprof"))
 	}
 	return exec.Command(o.sidecar, args...)
 }
