@@ -65,11 +65,11 @@ func (c *idCache) remove(k []byte) {
 // and adds what it resolved to the cache when the transaction commits.
 type ids struct {
 	c     *idCache
-	b     tree
+	b     *tree // the transaction's, shared with its writer
 	found map[string][]byte
 }
 
-func (j *Journal) resolver(tx *bolt.Tx, b tree) *ids {
+func (j *Journal) resolver(tx *bolt.Tx, b *tree) *ids {
 	r := &ids{c: j.ids, b: b, found: map[string][]byte{}}
 	gen := j.ids.generation()
 	tx.OnCommit(func() { j.ids.add(gen, r.found) })

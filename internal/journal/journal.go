@@ -420,7 +420,7 @@ func (j *Journal) commit(batch []*request) error {
 // write puts the batch's records in tx and returns how many it wrote.
 func (j *Journal) write(tx *bolt.Tx, batch []*request) (int, error) {
 	b := buckets(tx)
-	ids := j.resolver(tx, b)
+	ids := j.resolver(tx, &b)
 	now := j.now()
 	// bbolt keeps the key and value slices until the commit: they are cut
 	// from one slab, sized up front, rather than allocated each.

@@ -36,7 +36,7 @@ func (j *Journal) upgrade() error {
 				return err
 			}
 			b := buckets(tx)
-			ids := j.resolver(tx, b)
+			ids := j.resolver(tx, &b)
 			steps := tx.Bucket(bucketSteps)
 			n := 0
 			for n < upgradeChunk {
