@@ -19,9 +19,7 @@ type Limiter struct {
 	mu       sync.Mutex
 	limit    float64
 	inflight int
-	queue    []*Waiter // in arrival order from head; withdrawn ones are skipped
-	head     int
-	queued   int // waiters in the queue not withdrawn
+	queue    []*Waiter // in arrival order; withdrawn ones are skipped
 }
 
 // Waiter is a caller's place in the limiter's queue.
@@ -49,9 +47,8 @@ func (w *Waiter) Cancel() {
 		w.granted, w.gone = false, true
 		l.inflight--
 		l.grant()
-	case !w.gone:
+	default:
 		w.gone = true
-		l.queued--
 	}
 }
 
@@ -83,7 +80,6 @@ func (l *Limiter) Acquire() (w *Waiter, ok bool) {
 	}
 	w = &Waiter{l: l, ready: make(chan struct{})}
 	l.queue = append(l.queue, w)
-	l.queued++
 	return w, false
 }
 
@@ -99,24 +95,16 @@ func (l *Limiter) take() bool {
 
 // grant hands free slots to the queue in order; l.mu is held.
 func (l *Limiter) grant() {
-	for l.inflight < int(l.limit) && l.head < len(l.queue) {
-		w := l.queue[l.head]
-		l.queue[l.head] = nil
-		l.head++
+	for l.inflight < int(l.limit) && len(l.queue) > 0 {
+		w := l.queue[0]
+		l.queue[0] = nil
+		l.queue = l.queue[1:] // the next append past its end moves it
 		if w.gone {
 			continue
 		}
 		w.granted = true
 		l.inflight++
-		l.queued--
 		close(w.ready)
-	}
-	if l.head == len(l.queue) {
-		l.queue, l.head = l.queue[:0], 0
-	} else if l.head > len(l.queue)/2 {
-		n := copy(l.queue, l.queue[l.head:])
-		clear(l.queue[n:])
-		l.queue, l.head = l.queue[:n], 0
 	}
 }
 
@@ -147,7 +135,13 @@ func (l *Limiter) Limit() int {
 func (l *Limiter) Queued() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.queued
+	n := 0
+	for _, w := range l.queue {
+		if !w.gone {
+			n++
+		}
+	}
+	return n
 }
 
 // InFlight is how many slots are taken.
