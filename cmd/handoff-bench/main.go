@@ -60,7 +60,7 @@ type options struct {
 	kafkaName  string
 	self       string
 	skipSlow   bool
-	profile    string // a directory for the consumer runs' CPU profiles
+	profile    string // a directory for the runs' CPU profiles and the sidecar's allocation profiles
 	only       string // rabbitmq or kafka: one broker's runs
 	compare    string // a second sidecar binary: compare the two, nothing else
 	rounds     int    // rounds of a comparison

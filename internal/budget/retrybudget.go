@@ -94,9 +94,10 @@ func (b *RetryBudget) Deposit() {
 }
 
 // Poll takes a token for a re-attempt or, when there is none, returns the
-// channel closed by the next deposit that makes a whole token, and how long until old withdrawals may
-// leave the window: for a caller that waits on more than the budget in one
-// select. Only the first poll of a wait should count its denial.
+// channel closed by the next deposit that makes a whole token, and how long
+// until old withdrawals may leave the window: for a caller that waits on more
+// than the budget in one select. Only the first poll of a wait should count
+// its denial.
 func (b *RetryBudget) Poll(countDenial bool) (ok bool, changed <-chan struct{}, recheck time.Duration) {
 	ok, changed = b.check(true, countDenial)
 	return ok, changed, b.slot
