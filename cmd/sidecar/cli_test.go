@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"handoff.dev/handoff/internal/broker/brokertest"
 )
 
 var (
@@ -29,9 +31,11 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// sidecarBinary builds the real binary once per test run.
+// sidecarBinary builds the real binary once per test run; tests of the
+// binary skip under -short.
 func sidecarBinary(t *testing.T) string {
 	t.Helper()
+	brokertest.SkipShort(t, "the sidecar binary")
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "handoff-bin-")
 		if err != nil {

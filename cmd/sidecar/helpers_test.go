@@ -22,6 +22,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"handoff.dev/handoff/internal/broker/brokertest"
 	"handoff.dev/handoff/internal/broker/rabbitmq"
 	"handoff.dev/handoff/internal/config"
 	"handoff.dev/handoff/internal/handler"
@@ -34,8 +35,8 @@ func rabbitURL() string {
 	return "amqp://guest:guest@127.0.0.1:5672/"
 }
 
-// dialRabbit connects to the test broker. Broker tests fail, never skip, when
-// it is missing: .ci/run starts it.
+// dialRabbit connects to the test broker. Broker tests skip under -short and
+// otherwise fail, never skip, when it is missing: make brokers starts it.
 func dialRabbit(t *testing.T) *amqp.Connection {
 	t.Helper()
 	return dialRabbitURL(t, rabbitURL())
@@ -43,6 +44,7 @@ func dialRabbit(t *testing.T) *amqp.Connection {
 
 func dialRabbitURL(t *testing.T, url string) *amqp.Connection {
 	t.Helper()
+	brokertest.SkipShort(t, "RabbitMQ")
 	conn, err := amqp.Dial(url)
 	if err != nil {
 		t.Fatalf("RabbitMQ at %s is required (scripts/rabbitmq-local start): %v", url, err)
@@ -470,6 +472,7 @@ func testVhost(t *testing.T) string {
 
 func rabbitmqctl(t *testing.T, args ...string) {
 	t.Helper()
+	brokertest.SkipShort(t, "RabbitMQ")
 	out, err := exec.Command("rabbitmqctl", args...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("rabbitmqctl %v: %v\n%s", args, err, out)

@@ -11,11 +11,14 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"handoff.dev/handoff/internal/broker/brokertest"
 )
 
 // kafkaLocal runs scripts/kafka-local with args.
 func kafkaLocal(t *testing.T, args ...string) {
 	t.Helper()
+	brokertest.SkipShort(t, "Apache Kafka")
 	out, err := exec.Command(filepath.Join("..", "..", "scripts", "kafka-local"), args...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("scripts/kafka-local %v: %v\n%s", args, err, out)

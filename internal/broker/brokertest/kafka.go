@@ -28,9 +28,10 @@ func KafkaGroup(topic string) string { return topic + "-g" }
 // KafkaTopic creates a uniquely named topic (base-<random>) on the local
 // Apache Kafka and deletes it, every topic derived from it (topic.*) and its
 // group when the test ends. A missing broker fails the test: make brokers
-// starts it.
+// starts it. Under -short the test is skipped.
 func KafkaTopic(t *testing.T, base string, partitions int32) ([]string, string) {
 	t.Helper()
+	SkipShort(t, "Apache Kafka")
 	brokers := KafkaBrokers()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {

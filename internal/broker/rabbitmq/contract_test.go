@@ -32,9 +32,10 @@ func rabbitURL() string {
 }
 
 // channel opens a connection and channel for the test's own use; a missing
-// broker fails the test (make brokers starts it).
+// broker fails the test (make brokers starts it), and -short skips it.
 func channel(t *testing.T) *amqp.Channel {
 	t.Helper()
+	brokertest.SkipShort(t, "RabbitMQ")
 	conn, err := amqp.Dial(rabbitURL())
 	if err != nil {
 		t.Fatalf("RabbitMQ at %s is required (scripts/rabbitmq-local start): %v", rabbitURL(), err)
