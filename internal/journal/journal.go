@@ -144,6 +144,8 @@ type Journal struct {
 
 	ids *idCache // see idCache: only write transactions use it
 
+	instanceID string // see InstanceID
+
 	stop chan struct{}
 	wg   sync.WaitGroup
 }
@@ -195,6 +197,10 @@ func Open(path string, o Options) (*Journal, Recovery, error) {
 			return nil, Recovery{}, fmt.Errorf("journal %s: %w", path, err)
 		}
 		return nil, Recovery{}, &CorruptError{Path: path, Err: err}
+	}
+	if err := j.loadInstanceID(); err != nil {
+		_ = db.Close()
+		return nil, Recovery{}, fmt.Errorf("journal %s: %w", path, err)
 	}
 	if o.ReadOnly {
 		j.closed = true // nothing may be written
