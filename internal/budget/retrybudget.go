@@ -8,13 +8,17 @@ import (
 // RetryBudget is one handler's shared allowance of re-attempts, in the manner
 // of Finagle's RetryBudget and gRPC's retry throttling: every first attempt
 // deposits Ratio tokens, every re-attempt withdraws one, and a reserve of
-// Floor tokens a second is always there, all over a sliding window. So
-// within any window
+// Floor tokens a second is always there, all over a sliding window. A
+// re-attempt that succeeds gives its token back (Refund): it was useful work,
+// not amplification. So within any window
 //
-//	re-attempts <= Ratio × first attempts + Floor × Window
+//	failed re-attempts <= Ratio × first attempts + Floor × Window
 //
-// however many messages fail at once: retries add at most Ratio to the load
-// that fresh traffic brings (seed 001 §2).
+// (plus the re-attempts still in flight, which hold their tokens until they
+// answer) however many messages fail at once: failing retries add at most
+// Ratio to the load that fresh traffic brings (seed 001 §2). Once the app
+// answers again, though, the waiting re-attempts drain at the pace it takes
+// them — bounded by the concurrency limit — and not at the floor's.
 //
 // A re-attempt that finds no token waits for one; it is never dropped for
 // lack of one. RetryBudget is safe for concurrent use; it reads time only
@@ -31,6 +35,15 @@ type RetryBudget struct {
 	changed chan struct{} // closed and replaced when a deposit makes a token
 	waiting bool          // someone holds changed
 }
+
+// Token is one withdrawal: a re-attempt's claim on the budget, which Refund
+// gives back. The zero Token is no withdrawal.
+type Token struct {
+	slot int64 // the slot number of the bucket it was taken from, plus one
+}
+
+// Taken reports whether t is a withdrawal.
+func (t Token) Taken() bool { return t.slot > 0 }
 
 type bucket struct {
 	n           int64 // the slot number this bucket holds; -1 when empty
@@ -86,26 +99,64 @@ func (b *RetryBudget) Deposit() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.current().deposits++
-	if b.ratio > 0 && b.waiting && b.balanceLocked() >= 1 {
+	if b.ratio > 0 {
+		b.wakeLocked()
+	}
+}
+
+// wakeLocked closes the channel the waiters hold once there is a whole token.
+func (b *RetryBudget) wakeLocked() {
+	if b.waiting && b.balanceLocked() >= 1 {
 		close(b.changed)
 		b.changed = make(chan struct{})
 		b.waiting = false
 	}
 }
 
-// Poll takes a token for a re-attempt or, when there is none, returns the
-// channel closed by the next deposit that makes a whole token, and how long
-// until old withdrawals may leave the window: for a caller that waits on more
-// than the budget in one select. Only the first poll of a wait should count
-// its denial.
-func (b *RetryBudget) Poll(countDenial bool) (ok bool, changed <-chan struct{}, recheck time.Duration) {
-	ok, changed = b.check(true, countDenial)
-	return ok, changed, b.slot
+// Refund gives back t, taken by a re-attempt that succeeded: the withdrawal
+// is undone in the bucket it was taken from, as if it never happened. A
+// token whose bucket has left the window counts no more anyway. Refunding
+// the zero Token, or one twice, is the caller's bug; the first does nothing.
+func (b *RetryBudget) Refund(t Token) {
+	if !t.Taken() {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := t.slot - 1
+	bk := &b.buckets[n%budgetSlots]
+	if bk.n != n || bk.withdrawals < 1 {
+		return
+	}
+	bk.withdrawals--
+	b.wakeLocked()
 }
 
-// check reports whether a token is there, taking it when take is set; when
-// there is none it returns the channel that a deposit making one closes.
-func (b *RetryBudget) check(take, countDenial bool) (bool, <-chan struct{}) {
+// Poll takes a token for a re-attempt or, when there is none, returns the
+// channel closed by the next deposit or refund that makes a whole token, and
+// how long until old withdrawals may leave the window: for a caller that
+// waits on more than the budget in one select. Only the first poll of a wait
+// should count its denial.
+func (b *RetryBudget) Poll(countDenial bool) (tok Token, changed <-chan struct{}, recheck time.Duration) {
+	_, tok, changed = b.check(true, countDenial)
+	return tok, changed, b.slot
+}
+
+// TrySpend takes a token without waiting, for an extra call that is not a
+// message's own re-attempt (a failed batch split in two); refund gives it
+// back when that call succeeded. It counts no denial.
+func (b *RetryBudget) TrySpend() (refund func(), ok bool) {
+	ok, tok, _ := b.check(true, false)
+	if !ok {
+		return nil, false
+	}
+	return func() { b.Refund(tok) }, true
+}
+
+// check reports whether a token is there, taking it when take is set (the
+// Token is then the withdrawal); when there is none it returns the channel
+// that a deposit or refund making one closes.
+func (b *RetryBudget) check(take, countDenial bool) (bool, Token, <-chan struct{}) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.balanceLocked() < 1 {
@@ -113,12 +164,14 @@ func (b *RetryBudget) check(take, countDenial bool) (bool, <-chan struct{}) {
 			b.denied++
 		}
 		b.waiting = true
-		return false, b.changed
+		return false, Token{}, b.changed
 	}
-	if take {
-		b.current().withdrawals++
+	if !take {
+		return true, Token{}, nil
 	}
-	return true, nil
+	bk := b.current()
+	bk.withdrawals++
+	return true, Token{slot: bk.n + 1}, nil
 }
 
 // Available waits until a token is there, without taking it: for intake
@@ -127,7 +180,7 @@ func (b *RetryBudget) check(take, countDenial bool) (bool, <-chan struct{}) {
 // when old withdrawals leave the window, so it also wakes every slot.
 func (b *RetryBudget) Available(stop <-chan struct{}) bool {
 	for {
-		ok, changed := b.check(false, false)
+		ok, _, changed := b.check(false, false)
 		if ok {
 			return true
 		}

@@ -82,14 +82,14 @@ func TestRetryBudgetZeroAllowsNothing(t *testing.T) {
 // tryWithdraw takes a token for a re-attempt, reporting false (and counting
 // a denial) when there is none.
 func tryWithdraw(b *RetryBudget) bool {
-	ok, _, _ := b.Poll(true)
-	return ok
+	tok, _, _ := b.Poll(true)
+	return tok.Taken()
 }
 
 func TestPollWakesOnADeposit(t *testing.T) {
 	b := NewRetryBudget(1, 0, 10*time.Second, nil)
-	ok, changed, _ := b.Poll(true)
-	if ok {
+	tok, changed, _ := b.Poll(true)
+	if tok.Taken() {
 		t.Fatal("Poll took a token that was not there")
 	}
 	select {
@@ -103,10 +103,10 @@ func TestPollWakesOnADeposit(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("a deposit did not close Poll's channel")
 	}
-	if ok, _, _ := b.Poll(false); !ok {
+	if tok, _, _ := b.Poll(false); !tok.Taken() {
 		t.Fatal("no token after a deposit at ratio 1")
 	}
-	if ok, _, _ := b.Poll(false); ok {
+	if tok, _, _ := b.Poll(false); tok.Taken() {
 		t.Error("Poll took a token that was not there")
 	}
 	if d := b.State().Denied; d != 1 {
@@ -135,7 +135,7 @@ func TestDepositsWakeOnAWholeToken(t *testing.T) {
 	if !isClosed(changed) {
 		t.Fatal("the fourth deposit of a 0.25 ratio made a token and woke no one")
 	}
-	if ok, _, _ := b.Poll(false); !ok {
+	if tok, _, _ := b.Poll(false); !tok.Taken() {
 		t.Fatal("woken, but no token")
 	}
 }
@@ -205,5 +205,91 @@ func TestIntakePausesOnlyWhenSpentAndFailing(t *testing.T) {
 	in.Observe(Overload, true)
 	if in.Check(func() bool { return true }) {
 		t.Error("paused again after one failure: the streak starts over after a success")
+	}
+}
+
+// A refund undoes its withdrawal: a re-attempt that succeeded costs nothing,
+// so the budget is spent only by re-attempts that failed.
+func TestRefundGivesTheTokenBack(t *testing.T) {
+	c := newClock()
+	b := NewRetryBudget(0.5, 0, 10*time.Second, c.now)
+	for range 4 {
+		b.Deposit()
+	}
+	var toks []Token
+	for {
+		tok, _, _ := b.Poll(true)
+		if !tok.Taken() {
+			break
+		}
+		toks = append(toks, tok)
+	}
+	if len(toks) != 2 {
+		t.Fatalf("4 deposits at 0.5 gave %d tokens, want 2", len(toks))
+	}
+	// A thousand successful re-attempts, one at a time, on one token.
+	b.Refund(toks[0])
+	for range 1000 {
+		tok, _, _ := b.Poll(true)
+		if !tok.Taken() {
+			t.Fatal("a refunded token was not there to take again")
+		}
+		b.Refund(tok)
+	}
+	if st := b.State(); st.Tokens != 1 {
+		t.Errorf("tokens = %v after refunds, want the 1 of the refunded withdrawal", st.Tokens)
+	}
+	b.Refund(Token{}) // nothing
+	if st := b.State(); st.Tokens != 1 {
+		t.Errorf("refunding no token changed the balance to %v", st.Tokens)
+	}
+	// A withdrawal whose bucket has left the window counts no more: its
+	// refund must not add a token on top.
+	c.advance(11 * time.Second)
+	before := b.State().Tokens
+	b.Refund(toks[1])
+	if after := b.State().Tokens; after != before {
+		t.Errorf("refund of a withdrawal outside the window moved the balance %v → %v", before, after)
+	}
+}
+
+// A refund that makes a whole token wakes the waiters, as a deposit does.
+func TestRefundWakesWaiters(t *testing.T) {
+	b := NewRetryBudget(1, 0, 10*time.Second, nil)
+	b.Deposit()
+	tok, _, _ := b.Poll(true)
+	if !tok.Taken() {
+		t.Fatal("no token after a deposit at ratio 1")
+	}
+	_, changed, _ := b.Poll(true)
+	if isClosed(changed) {
+		t.Fatal("waiters woken with no token")
+	}
+	b.Refund(tok)
+	if !isClosed(changed) {
+		t.Fatal("a refund made a token and woke no one")
+	}
+}
+
+func TestTrySpend(t *testing.T) {
+	c := newClock()
+	b := NewRetryBudget(1, 0, 10*time.Second, c.now)
+	if _, ok := b.TrySpend(); ok {
+		t.Fatal("TrySpend took a token that was not there")
+	}
+	if d := b.State().Denied; d != 0 {
+		t.Errorf("TrySpend counted %d denials; it is not a re-attempt", d)
+	}
+	b.Deposit()
+	refund, ok := b.TrySpend()
+	if !ok {
+		t.Fatal("TrySpend found no token after a deposit at ratio 1")
+	}
+	if !b.Exhausted() {
+		t.Fatal("the spent token is still there")
+	}
+	refund()
+	if b.Exhausted() {
+		t.Fatal("the refund did not give the token back")
 	}
 }

@@ -46,7 +46,10 @@ type handoff struct {
 	// renewed: this is a new publish of an event the journal has a history
 	// for; a RENEWED record goes before RECEIVED so that history starts over.
 	renewed bool
-	log     *slog.Logger // built on first use: most hand-offs never log
+	// tok is the retry-budget token the next re-attempt holds: spent when
+	// that attempt fails, given back when it succeeds or is never made.
+	tok budget.Token
+	log *slog.Logger // built on first use: most hand-offs never log
 }
 
 // logger returns the hand-off's logger, with its source and event id.
@@ -261,6 +264,7 @@ func (h *handoff) attempt(ctx context.Context) {
 			budgeted = next
 			now = e.now()
 			if !p.CanAttempt(now, t.Deadline) {
+				h.refund()
 				h.deadLetter(ctx, budget.ReasonDeadline)
 				return
 			}
@@ -278,11 +282,13 @@ func (h *handoff) attempt(ctx context.Context) {
 		if !h.acquire(ctx, next == 1) {
 			// No call was made: nothing is written, so a redelivery is a
 			// fresh attempt, not one cut short.
+			h.refund()
 			return
 		}
 		if now = e.now(); !p.CanAttempt(now, t.Deadline) {
 			// The deadline came while the walk waited for a slot.
 			e.limiter.Release(0)
+			h.refund()
 			h.deadLetter(ctx, budget.ReasonDeadline)
 			return
 		}
@@ -303,8 +309,21 @@ func (h *handoff) attempt(ctx context.Context) {
 		if ctx.Err() != nil {
 			// Shutdown cut the call short: its result says nothing about the app.
 			e.limiter.Release(0)
+			h.refund()
 			h.handBack()
 			return
+		}
+		switch res.Outcome {
+		case budget.Unreachable:
+			// The call never reached the app: the token waits for the
+			// call that does.
+		case budget.Success, budget.Drop:
+			// Useful work, not amplification: only failed re-attempts
+			// spend the budget, so after an outage the waiting ones drain
+			// at the app's pace, not the floor's.
+			h.refund()
+		default:
+			h.tok = budget.Token{}
 		}
 		if res.Outcome != budget.Unreachable {
 			// Before the slot frees: a pause this answer starts holds the
@@ -321,12 +340,15 @@ func (h *handoff) attempt(ctx context.Context) {
 			e.gate.hold(ctx)
 			select {
 			case <-ctx.Done():
+				h.refund()
 				h.handBack()
 				return
 			case <-h.intake.Done():
+				h.refund()
 				h.handBack()
 				return
 			case <-h.d.Lost():
+				h.refund()
 				h.logger().Warn("delivery lost while the app was unreachable; the broker redelivers it")
 				return
 			case <-e.gate.openChan():
@@ -364,8 +386,9 @@ func (h *handoff) deadlineFor(first time.Time) time.Time {
 // deadline), handed back at shutdown, or lost.
 func (h *handoff) token(ctx context.Context) bool {
 	b := h.e.o.Budget
-	ok, changed, recheck := b.Poll(true)
-	if ok {
+	tok, changed, recheck := b.Poll(true)
+	if tok.Taken() {
+		h.tok = tok
 		return true
 	}
 	dl := time.NewTimer(max(h.trail.Deadline.Add(-h.e.o.Policy.MinAttempt).Sub(h.e.now()), 0))
@@ -388,10 +411,20 @@ func (h *handoff) token(ctx context.Context) bool {
 		case <-h.d.Lost():
 			return false
 		}
-		if ok, changed, recheck = b.Poll(false); ok {
+		if tok, changed, recheck = b.Poll(false); tok.Taken() {
+			h.tok = tok
 			return true
 		}
 		slot.Reset(recheck)
+	}
+}
+
+// refund gives back the token of a re-attempt that succeeded or was never
+// made.
+func (h *handoff) refund() {
+	if h.tok.Taken() {
+		h.e.o.Budget.Refund(h.tok)
+		h.tok = budget.Token{}
 	}
 }
 

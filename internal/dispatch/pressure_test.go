@@ -344,3 +344,60 @@ func TestDeadlinePassedInTheQueue(t *testing.T) {
 		t.Fatalf("%d slots taken after the walk ended", n)
 	}
 }
+
+// copyDelivery is a retry copy of id whose attempt 1 failed.
+func (r *rig) copyDelivery(id string) *fakeDelivery {
+	d := r.delivery(id)
+	d.msg.Copy = true
+	tr := broker.Trail{EventID: id, Attempt: 1, Hops: 1, FirstAttemptAt: time.Now(), Deadline: time.Now().Add(time.Hour)}
+	d.msg.Headers = tr.Headers()
+	return d
+}
+
+// A re-attempt that succeeds gives its token back: with one token and a clock
+// that never moves (so none comes back by time), forty waiting re-attempts
+// all reach the app when it answers, one after another on the same token;
+// when they fail, one token pays for one re-attempt and no more.
+func TestSucceedingReattemptsRefundTheirToken(t *testing.T) {
+	frozen := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name  string
+		res   budget.Outcome
+		calls int
+	}{
+		{"success", budget.Success, 40},
+		{"failure", budget.Retry, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			app := newScriptApp(handler.Result{Outcome: tc.res}, 0)
+			var ds []broker.Delivery
+			for i := range 40 {
+				ds = append(ds, r.copyDelivery(fmt.Sprintf("c-%d", i)))
+			}
+			b := budget.NewRetryBudget(0, 1, time.Second, func() time.Time { return frozen })
+			e := r.engineWith(app, func(o *Options) { o.Budget = b; o.MaxConcurrency = 4 }, ds...)
+			e.limiter = budget.NewLimiter(4)
+			settled := func() int {
+				n := 0
+				for _, ev := range r.snapshot() {
+					if ev.kind == "ack" {
+						n++
+					}
+				}
+				return n
+			}
+			run(t, e, func() bool { return app.count() >= tc.calls && settled() >= tc.calls })
+			if got := app.count(); got != tc.calls {
+				t.Errorf("app called %d times, want %d", got, tc.calls)
+			}
+			want := 1.0
+			if tc.res != budget.Success {
+				want = 0
+			}
+			if st := b.State(); st.Tokens != want {
+				t.Errorf("tokens left = %v, want %v", st.Tokens, want)
+			}
+		})
+	}
+}
