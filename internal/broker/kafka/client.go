@@ -363,14 +363,25 @@ func (c *Client) Consume(ctx context.Context, deliver func(broker.Delivery)) err
 	}
 }
 
-// pauseUntil pauses st and rewinds it to r, so r is fetched again once the
+// pauseUntil pauses st and rewinds it, so r is fetched again once the
 // partition resumes at due. Setting an offset drops what the client had
 // buffered and not yet handed to Consume, for every partition: those records
 // are fetched again (retry topics pause rarely, and hold few records).
+//
+// The rewind goes to the partition's commit watermark, not to r: franz-go's
+// SetOffsets also moves the offset that the next commit of marks sends, and
+// MarkCommitOffsets never moves it back. Rewound to r, the commit would pass
+// the records handed out before r and still in flight, and a crash, or a
+// record handed back at shutdown, would lose them. The records between the
+// watermark and r come again and are passed over (they are below st.from).
 func (c *Client) pauseUntil(st *partition, r *kgo.Record, due time.Time) {
 	tps := map[string][]int32{r.Topic: {r.Partition}}
 	c.cl.PauseFetchPartitions(tps)
-	c.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{r.Topic: {r.Partition: {Epoch: r.LeaderEpoch, Offset: r.Offset}}})
+	at := kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset}
+	if next, epoch, ok := st.wm.peek(nil); ok && next < r.Offset {
+		at = kgo.EpochOffset{Epoch: epoch, Offset: next}
+	}
+	c.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{r.Topic: {r.Partition: at}})
 	wait := due.Sub(c.now())
 	c.timers.Add(1)
 	go func() {

@@ -113,7 +113,10 @@ func newClient(t *testing.T, addrs []string, topic string, tiers ...time.Duratio
 
 func newClientWith(t *testing.T, o Options) *Client {
 	t.Helper()
-	o.Name, o.Group, o.Declare = "test", "g", true
+	o.Name, o.Declare = "test", true
+	if o.Group == "" {
+		o.Group = "g"
+	}
 	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	c, err := New(o)
 	if err != nil {
