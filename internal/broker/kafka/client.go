@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"handoff.dev/handoff/internal/broker"
@@ -41,7 +43,11 @@ type Options struct {
 	// SessionTimeout is the group session timeout; zero keeps the client's
 	// default (45s).
 	SessionTimeout time.Duration
-	// InstanceID, when set, makes the group member static.
+	// InstanceID, when set, makes the group member static (KIP-345): a
+	// member that stopped without leaving and comes back with the same id
+	// takes its partitions back at once, without waiting out the session
+	// timeout. It must be unique in the group. Close removes the member from
+	// the group, which closing a static member's client does not do.
 	InstanceID string
 	// TransactionalID, when set, makes every transfer and offset commit
 	// transactional: a copy commits together with the offset of the record
@@ -450,17 +456,46 @@ func (c *Client) Close() error {
 	c.once.Do(func() {
 		close(c.closed)
 		c.timers.Wait()
-		if c.txn != nil {
-			c.txn.close()
-			c.cl.Close()
-			return
-		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		err = c.cl.CommitMarkedOffsets(ctx)
+		if c.txn != nil {
+			c.txn.close()
+		} else {
+			err = c.cl.CommitMarkedOffsets(ctx)
+		}
+		c.leave(ctx)
 		c.cl.Close()
 	})
 	return err
+}
+
+// leave takes a static member out of its group, so that its partitions move
+// to the other members at once rather than after the session timeout.
+// Closing the client leaves the group only for a dynamic member: franz-go
+// keeps a static member in, waiting for it to come back under its id. The
+// group management stops first: a member removed while it still heartbeats
+// would join again.
+func (c *Client) leave(ctx context.Context) {
+	if c.o.InstanceID == "" {
+		return
+	}
+	if err := c.cl.LeaveGroupContext(ctx); err != nil {
+		c.log.Warn("stopping the group membership failed", "err", err)
+	}
+	resps, err := kadm.NewClient(c.cl).LeaveGroup(ctx,
+		kadm.LeaveGroup(c.o.Group).InstanceIDs(c.o.InstanceID).Reason("sidecar stopped"))
+	if err == nil {
+		err = resps.Error()
+	}
+	// Unknown: not in the group any more. franz-go leaves by itself when it
+	// closes after revoking partitions in a cooperative rebalance and before
+	// joining again, and the session may have expired.
+	if err != nil && !errors.Is(err, kerr.UnknownMemberID) {
+		c.log.Warn("leaving the group failed; this member's partitions move only after its session timeout",
+			"instance_id", c.o.InstanceID, "err", err)
+		return
+	}
+	c.log.Info("left the group", "instance_id", c.o.InstanceID)
 }
 
 func position(r *kgo.Record) string {

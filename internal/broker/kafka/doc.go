@@ -18,6 +18,16 @@
 // at shutdown therefore holds its partition's commit where it is, and it and
 // every record after it are consumed again by whoever owns the partition next.
 //
+// A retry partition is paused at its first record that is not yet due and its
+// fetch position set back to its commit watermark: franz-go's SetOffsets also
+// sets what the next commit of marks sends, so setting it to the record not
+// due would commit past the records before it that are still in flight.
+//
+// With an instance id (Options.InstanceID) the member is static: a member that
+// crashed and comes back under the same id takes its partitions back at once.
+// Closing a static member's franz-go client does not leave the group, so Close
+// removes it by its instance id (KIP-345) and its partitions move at once.
+//
 // With a transactional id (Options.TransactionalID) every commit is a
 // transaction of a franz-go GroupTransactSession, run by one committer
 // goroutine: copies commit together with the offsets their records settle.
