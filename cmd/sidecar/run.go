@@ -171,7 +171,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 		checks  []telemetry.Check
 	)
 	for _, sc := range cfg.Sources {
-		src, err := buildSource(sc, cfg, policy.Tiers, log)
+		src, err := buildSource(sc, cfg, policy.Tiers, jr.InstanceID(), log)
 		if err != nil {
 			for _, b := range sources {
 				b.close()
@@ -268,12 +268,12 @@ type source struct {
 	close func()
 }
 
-func buildSource(sc config.Source, cfg config.Config, tiers []time.Duration, log *slog.Logger) (source, error) {
+func buildSource(sc config.Source, cfg config.Config, tiers []time.Duration, journalID string, log *slog.Logger) (source, error) {
 	switch {
 	case sc.RabbitMQ != nil:
 		return rabbitSource(sc, tiers, log), nil
 	case sc.Kafka != nil:
-		return kafkaSource(sc, tiers, cfg.Journal.Path, log)
+		return kafkaSource(sc, tiers, journalID, log)
 	}
 	return source{}, &exitError{code: exitConfig, err: fmt.Errorf("source %q: no broker configured", sc.Name)}
 }

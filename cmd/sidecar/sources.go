@@ -2,11 +2,11 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"sync/atomic"
 	"time"
 
@@ -55,8 +55,11 @@ func rabbitSource(sc config.Source, tiers []time.Duration, log *slog.Logger) sou
 	}
 }
 
-func kafkaSource(sc config.Source, tiers []time.Duration, journalPath string, log *slog.Logger) (source, error) {
+// kafkaSource builds a Kafka source; journalID is the journal's instance id,
+// on which the source's group membership and transactions are built.
+func kafkaSource(sc config.Source, tiers []time.Duration, journalID string, log *slog.Logger) (source, error) {
 	k := sc.Kafka
+	member := groupInstanceID(sc.Name, k, journalID)
 	o := kafka.Options{
 		Name:           sc.Name,
 		Brokers:        k.Brokers,
@@ -68,12 +71,13 @@ func kafkaSource(sc config.Source, tiers []time.Duration, journalPath string, lo
 		MaxInFlight:    k.MaxInFlight,
 		FetchMaxBytes:  int32(k.FetchMaxBytes),
 		SessionTimeout: k.SessionTimeout.D(),
-		InstanceID:     k.InstanceID,
+		InstanceID:     member,
 		Logger:         log,
 	}
 	if k.TransactionalTransfer {
-		o.TransactionalID = transactionalID(sc.Name, k, journalPath)
+		o.TransactionalID = transactionalID(sc.Name, k.Group, member)
 	}
+	log.Info("kafka group member", "source", sc.Name, "group", k.Group, "instance_id", member, "transactional_id", o.TransactionalID)
 	c, err := kafka.New(o)
 	if err != nil {
 		return source{}, err
@@ -130,20 +134,52 @@ func kafkaSource(sc config.Source, tiers []time.Duration, journalPath string, lo
 	}, nil
 }
 
-// transactionalID names a source's Kafka transactions. It stays the same
-// across the sidecar's restarts, so a restart aborts the transaction a crash
-// left open at once, and differs between the group's members, which would
-// otherwise fence each other: a member is its static instance id, else its
-// host name (a pod's name) and journal file (two sidecars on one host cannot
-// share one).
-func transactionalID(source string, k *config.Kafka, journalPath string) string {
-	member := k.InstanceID
-	if member == "" {
-		host, _ := os.Hostname()
-		if abs, err := filepath.Abs(journalPath); err == nil {
-			journalPath = abs
-		}
-		member = host + ":" + journalPath
+// groupInstanceID is the source's static member id in its consumer group
+// (KIP-345): the configured instance_id, else one made from the journal's
+// instance id and the source's name. A restart on the same journal is the
+// same member, so it takes its partitions back at once instead of leaving
+// them idle until the crashed member's session times out; two sidecars never
+// share a journal, and one sidecar's sources differ by name, so no two
+// members share an id. Kafka allows letters, digits, '.', '_' and '-' in it.
+func groupInstanceID(source string, k *config.Kafka, journalID string) string {
+	if k.InstanceID != "" {
+		return k.InstanceID
 	}
-	return "handoff/" + source + "/" + k.Group + "/" + member
+	return "handoff-" + journalID + "-" + legalName(source)
+}
+
+// maxNameInID bounds the source's part of a made instance id: Kafka allows
+// 249 characters in all.
+const maxNameInID = 160
+
+// legalName is name with every character that an instance id may not hold
+// replaced by '_', and cut to maxNameInID; a name changed so is followed by
+// a hash of the original, so that two names never end up the same.
+func legalName(name string) string {
+	b := []byte(name)
+	changed := false
+	for i, c := range b {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			b[i] = '_'
+			changed = true
+		}
+	}
+	if len(b) > maxNameInID {
+		b = b[:maxNameInID]
+		changed = true
+	}
+	if !changed {
+		return name
+	}
+	sum := sha256.Sum256([]byte(name))
+	return string(b) + "-" + hex.EncodeToString(sum[:4])
+}
+
+// transactionalID names a source's Kafka transactions after its group member:
+// it stays the same across the sidecar's restarts, so a restart aborts the
+// transaction a crash left open at once (rather than after the transaction
+// timeout), and differs between the group's members, which would otherwise
+// fence each other.
+func transactionalID(source, group, member string) string {
+	return "handoff/" + source + "/" + group + "/" + member
 }
