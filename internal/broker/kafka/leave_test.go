@@ -22,9 +22,6 @@ func TestCloseLeavesTheGroupAsStaticMember(t *testing.T) {
 		testCloseLeaves(t, c.ListenAddrs(), "orders", "g")
 	})
 	t.Run("apache", func(t *testing.T) {
-		if testing.Short() {
-			t.Skip("needs the brokers")
-		}
 		addrs, topic := brokertest.KafkaTopic(t, "leave", 4)
 		testCloseLeaves(t, addrs, topic, brokertest.KafkaGroup(topic))
 	})

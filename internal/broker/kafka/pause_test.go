@@ -67,9 +67,6 @@ func TestStaticRestartWhilePausedDeliversEveryCopy(t *testing.T) {
 		testStaticRestartWhilePaused(t, addrs, "orders", "g")
 	})
 	t.Run("apache", func(t *testing.T) {
-		if testing.Short() {
-			t.Skip("needs the brokers")
-		}
 		addrs, topic := brokertest.KafkaTopic(t, "paused", 3)
 		group := brokertest.KafkaGroup(topic)
 		createTopic(t, addrs, RetryTopic(topic, group, 200*time.Millisecond), 3)
