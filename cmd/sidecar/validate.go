@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"handoff.dev/handoff/internal/config"
+	"handoff.dev/handoff/internal/redact"
 )
 
 func validateCmd() *cobra.Command {
@@ -35,13 +36,16 @@ func loadConfig(path string) (config.Config, error) {
 	if err == nil {
 		return cfg, nil
 	}
+	// Redacted once more here, where every problem leaves for the terminal:
+	// a problem can quote a value from the file, and a value can be a URL
+	// with a password.
 	var ps config.Problems
 	if errors.As(err, &ps) {
 		msg := fmt.Sprintf("%s: %d problem(s):", path, len(ps))
 		for _, p := range ps {
-			msg += "\n  " + p.String()
+			msg += "\n  " + redact.Text(p.String())
 		}
 		return cfg, &exitError{code: exitConfig, err: errors.New(msg)}
 	}
-	return cfg, &exitError{code: exitConfig, err: err}
+	return cfg, &exitError{code: exitConfig, err: redact.Error(err)}
 }

@@ -3,6 +3,8 @@ package config
 import (
 	"fmt"
 	"strings"
+
+	"handoff.dev/handoff/internal/redact"
 )
 
 // Problem is one thing wrong with a config file, at a YAML path such as
@@ -31,8 +33,10 @@ func (ps Problems) Error() string {
 	return strings.Join(lines, "\n")
 }
 
+// add records a problem. Its message is redacted: it may quote a value from
+// the file, and a value in the wrong place can be a URL with a password.
 func (ps *Problems) add(path, format string, args ...any) {
-	*ps = append(*ps, Problem{Path: path, Message: fmt.Sprintf(format, args...)})
+	*ps = append(*ps, Problem{Path: path, Message: redact.Text(fmt.Sprintf(format, args...))})
 }
 
 func (ps Problems) err() error {

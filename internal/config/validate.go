@@ -6,11 +6,13 @@ import (
 	"net"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/budget"
 	"handoff.dev/handoff/internal/journal"
+	"handoff.dev/handoff/internal/redact"
 )
 
 // maxQueueName is RabbitMQ's limit on a queue name, in bytes.
@@ -77,13 +79,13 @@ func (h *Handler) validate(ps *Problems) {
 	case h.URL == "":
 		ps.add("handler.url", "required")
 	case err != nil:
-		ps.add("handler.url", "not a URL: %v", err)
+		ps.add("handler.url", "%s", notAURL(h.URL, err))
 	case u.Scheme == "grpc":
 		ps.add("handler.url", "grpc:// handlers are not supported by this build yet; use http:// or https://")
 	case u.Scheme != "http" && u.Scheme != "https":
 		ps.add("handler.url", "scheme %q not supported; use http:// or https://", u.Scheme)
 	case u.Host == "":
-		ps.add("handler.url", "no host in %q", h.URL)
+		ps.add("handler.url", "no host in %q", redact.URL(h.URL))
 	}
 	if h.Timeout <= 0 {
 		ps.add("handler.timeout", "must be positive")
@@ -107,7 +109,7 @@ func (r *RabbitMQ) validate(path string, tiers []Duration, ps *Problems) {
 	case r.URL == "":
 		ps.add(path+".url", "required")
 	case err != nil:
-		ps.add(path+".url", "not a URL: %v", err)
+		ps.add(path+".url", "%s", notAURL(r.URL, err))
 	case u.Scheme != "amqp" && u.Scheme != "amqps":
 		ps.add(path+".url", "scheme %q not supported; use amqp:// or amqps://", u.Scheme)
 	}
@@ -221,14 +223,28 @@ func validateListen(path, addr string, optional bool, ps *Problems) {
 		}
 		return
 	}
+	// An address with a user or password in it is refused without echoing
+	// the password; without the '@' check, "user:pass@host" would split
+	// into a host and a bad port "pass@host".
 	_, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		ps.add(path, "want host:port, got %q", addr)
+	if err != nil || strings.Contains(addr, "@") {
+		ps.add(path, "want host:port, got %q", redact.URL(addr))
 		return
 	}
 	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
 		ps.add(path, "bad port %q", port)
 	}
+}
+
+// notAURL explains why raw does not parse without echoing its password.
+// net/url's reason quotes the piece it could not read (an "invalid port"
+// that is the start of a password with a '/' or '#' in it), so a URL with a
+// secret is shown redacted and without it.
+func notAURL(raw string, err error) string {
+	if red := redact.URL(raw); red != raw {
+		return fmt.Sprintf("not a URL: %q (a user or password holding any of : / ? # @ %% or a space must be percent-encoded)", red)
+	}
+	return "not a URL: " + err.Error()
 }
 
 func longestTier(tiers []Duration) time.Duration {

@@ -15,6 +15,7 @@ import (
 
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/budget"
+	"handoff.dev/handoff/internal/redact"
 )
 
 // Request is one attempt to hand a message to the app.
@@ -80,7 +81,7 @@ const drainLimit = 64 << 10
 func NewHTTP(o HTTPOptions) (*HTTP, error) {
 	u, err := url.Parse(o.URL)
 	if err != nil {
-		return nil, fmt.Errorf("handler url: %w", err)
+		return nil, fmt.Errorf("handler url: %w", redact.Error(err))
 	}
 	addr := u.Host
 	if u.Port() == "" {
@@ -124,14 +125,14 @@ func (h *HTTP) Deliver(ctx context.Context, r *Request) Result {
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.url, bytes.NewReader(r.Message.Body))
 	if err != nil {
-		return Result{Outcome: budget.Permanent, Detail: "build request: " + err.Error()}
+		return Result{Outcome: budget.Permanent, Detail: "build request: " + errorDetail(err)}
 	}
 	req.Header = make(http.Header, 10+len(r.Message.Headers)) // no growing
 	setHeaders(req.Header, r)
 	h.authorize(req)
 	resp, err := h.tr.RoundTrip(req)
 	if err != nil {
-		return Result{Outcome: transportOutcome(err), Detail: err.Error(), Latency: h.now().Sub(start)}
+		return Result{Outcome: transportOutcome(err), Detail: errorDetail(err), Latency: h.now().Sub(start)}
 	}
 	var evidence []byte
 	if resp.StatusCode/100 != 2 {
@@ -160,6 +161,12 @@ func (h *HTTP) authorize(req *http.Request) {
 	pass, _ := h.user.Password()
 	req.SetBasicAuth(h.user.Username(), pass)
 }
+
+// errorDetail is the evidence kept for a call that failed without an answer.
+// It goes to the log, the journal and the handoff-error header of retry and
+// DLQ copies, so it is redacted: an error that quotes the request's URL (a
+// *url.Error) would carry the handler's password.
+func errorDetail(err error) string { return redact.Error(err).Error() }
 
 // transportOutcome classifies a failed call. Only a failure to connect proves
 // the app never saw the request.

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"handoff.dev/handoff/internal/redact"
 )
 
 // Check reports why a part of the sidecar is not ready, or nil.
@@ -47,8 +49,10 @@ func (s *Server) Addr() string { return s.ln.Addr().String() }
 func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
 	var problems []string
 	for _, c := range s.checks {
+		// The body is open to anyone who can reach the port: a reason
+		// quoting a broker or app URL must not carry its password.
 		if err := c.Ready(); err != nil {
-			problems = append(problems, c.Name+": "+err.Error())
+			problems = append(problems, redact.Text(c.Name+": "+err.Error()))
 		}
 	}
 	if len(problems) > 0 {

@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/redact"
 )
 
 // Options configures a Client.
@@ -80,7 +81,8 @@ func (c *Client) Run(ctx context.Context) error {
 	for {
 		s, err := c.connect()
 		if err != nil {
-			c.log.Warn("rabbitmq connect failed", "err", err, "retry_in", backoff)
+			// A dial error can quote the URL, password and all.
+			c.log.Warn("rabbitmq connect failed", "err", redact.Error(err), "retry_in", backoff)
 			select {
 			case <-ctx.Done():
 				c.stop()
@@ -102,7 +104,7 @@ func (c *Client) Run(ctx context.Context) error {
 		case <-s.done:
 			c.setSession(nil)
 			s.close()
-			c.log.Warn("rabbitmq connection lost; unacked deliveries go back to the broker", "err", s.err())
+			c.log.Warn("rabbitmq connection lost; unacked deliveries go back to the broker", "err", redact.Error(s.err()))
 		}
 	}
 }
