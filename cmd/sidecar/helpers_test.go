@@ -361,6 +361,7 @@ func testConfig(appURL, queue string, tiers ...time.Duration) config.Config {
 type sidecar struct {
 	cancel context.CancelFunc
 	done   chan error
+	health string // the health server's address
 }
 
 func startSidecar(t *testing.T, cfg config.Config) *sidecar {
@@ -388,6 +389,7 @@ func startSidecarWith(t *testing.T, cfg config.Config, hk hooks) *sidecar {
 	var health string
 	select {
 	case health = <-addr:
+		s.health = health
 	case err := <-s.done:
 		s.done <- err
 		t.Fatalf("sidecar stopped at start: %v", err)

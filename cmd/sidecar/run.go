@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -9,16 +10,17 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
 
 	"handoff.dev/handoff/internal/budget"
 	"handoff.dev/handoff/internal/config"
 	"handoff.dev/handoff/internal/dispatch"
 	"handoff.dev/handoff/internal/handler"
 	"handoff.dev/handoff/internal/journal"
+	"handoff.dev/handoff/internal/redact"
 	"handoff.dev/handoff/internal/telemetry"
 )
 
@@ -120,6 +122,9 @@ type hooks struct {
 	fault func(dispatch.Window, journal.Key) error
 	// beforeCommit is the journal writer's hook (journal.Options.BeforeCommit).
 	beforeCommit func(records int) error
+	// part is run as one more part of the sidecar, beside its sources,
+	// health server and engine: a test fails it to see the rest stop.
+	part func(ctx context.Context) error
 }
 
 // serve runs the sidecar until ctx is done, then shuts down in order: not
@@ -208,63 +213,83 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 	})
 	checks = append(checks, telemetry.Check{Name: "app", Ready: engine.Ready})
 
-	// Broker connections outlive intake: the drain settles through them.
+	// The parts run in one group: the first to fail cancels run, which
+	// stops intake as a signal would, and every part is joined before the
+	// journal closes. Broker connections and the health server outlive
+	// intake, in that order: the drain settles through the brokers, and the
+	// health server says "not ready" all the while.
+	g, run := errgroup.WithContext(ctx)
+	// Not ready is the first step of a stop: the moment run ends, before
+	// intake stops, so that no new traffic is routed to a sidecar going away.
+	checks = append([]telemetry.Check{{Name: "sidecar", Ready: func() error {
+		if run.Err() != nil {
+			return errors.New("shutting down")
+		}
+		return nil
+	}}}, checks...)
 	brokers, stopBrokers := context.WithCancel(context.Background())
 	defer stopBrokers()
-	var wg sync.WaitGroup
-	for _, src := range sources {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			src.run(brokers)
-		}()
-	}
+	servers, stopServers := context.WithCancel(context.Background())
+	defer stopServers()
 	defer func() {
 		for _, src := range sources {
 			src.close()
 		}
 	}()
-
-	servers, stopServers := context.WithCancel(context.Background())
-	defer stopServers()
-	var serverErr error
+	for _, src := range sources {
+		g.Go(func() error { return part(brokers, "source "+src.name, src.run) })
+	}
 	if cfg.Telemetry.MetricsListen != "" {
 		hs, err := telemetry.Listen(cfg.Telemetry.MetricsListen, checks, log)
 		if err != nil {
 			stopBrokers()
-			wg.Wait()
+			_ = g.Wait()
 			return err
 		}
 		log.Info("health endpoints listening", "addr", hs.Addr())
 		if hk.healthAddr != nil {
 			hk.healthAddr(hs.Addr())
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			serverErr = hs.Run(servers)
-		}()
+		g.Go(func() error { return part(servers, "health server", hs.Run) })
 	}
+	if hk.part != nil {
+		g.Go(func() error { return part(servers, "test part", hk.part) })
+	}
+	g.Go(func() error {
+		// Whatever ends the engine — a signal, another part's failure, its
+		// own — the brokers and servers stop after its drain.
+		defer stopServers()
+		defer stopBrokers()
+		log.Info("sidecar running", "sources", len(routes), "handler", redact.URL(cfg.Handler.URL))
+		err := engine.Run(run)
+		log.Info("intake stopped and in-flight settled; closing")
+		return err
+	})
+	return g.Wait()
+}
 
-	log.Info("sidecar running", "sources", len(routes), "handler", cfg.Handler.URL)
-	err = engine.Run(ctx)
-	log.Info("intake stopped and in-flight settled; closing")
-	stopBrokers()
-	stopServers()
-	wg.Wait()
-	if err == nil {
-		err = serverErr
+// part runs one long-lived part of the sidecar until ctx is done. It returns
+// nil once ctx ended it, and otherwise names the part in its error: a part
+// that stops by itself while the sidecar runs is a failure.
+func part(ctx context.Context, name string, run func(context.Context) error) error {
+	err := run(ctx)
+	if ctx.Err() != nil {
+		return nil
 	}
-	return err
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%s: %w", name, err)
 }
 
 // source is one configured source, built: its route into the engine, its
-// readiness, what runs while it is up, and what closes it after the engine
-// has stopped.
+// readiness, what runs while it is up (returning nil once ctx ends it, or
+// once its work is done), and what closes it after the engine has stopped.
 type source struct {
+	name  string
 	route dispatch.Route
 	ready func() error
-	run   func(ctx context.Context)
+	run   func(ctx context.Context) error
 	close func()
 }
 

@@ -37,6 +37,7 @@ func rabbitSource(sc config.Source, tiers []time.Duration, log *slog.Logger) sou
 		Logger:   log,
 	})
 	return source{
+		name: sc.Name,
 		route: dispatch.Route{
 			Name:     sc.Name,
 			Sources:  []dispatch.Source{c.Source(), c.RetrySource()},
@@ -50,7 +51,7 @@ func rabbitSource(sc config.Source, tiers []time.Duration, log *slog.Logger) sou
 			return nil
 		},
 		// Run keeps the connection up and closes it when its ctx ends.
-		run:   func(ctx context.Context) { _ = c.Run(ctx) },
+		run:   c.Run,
 		close: func() {},
 	}
 }
@@ -84,6 +85,7 @@ func kafkaSource(sc config.Source, tiers []time.Duration, journalID string, log 
 	}
 	var declared atomic.Bool
 	return source{
+		name: sc.Name,
 		route: dispatch.Route{
 			Name:     sc.Name,
 			Sources:  []dispatch.Source{c},
@@ -109,18 +111,18 @@ func kafkaSource(sc config.Source, tiers []time.Duration, journalID string, log 
 		},
 		// The client reconnects by itself; what must succeed once is the
 		// check (and creation) of the derived topics.
-		run: func(ctx context.Context) {
+		run: func(ctx context.Context) error {
 			backoff := 100 * time.Millisecond
 			for {
 				err := c.Declare(ctx)
 				if err == nil {
 					declared.Store(true)
-					return
+					return nil
 				}
 				log.Warn("kafka topics not ready", "source", sc.Name, "err", err, "retry_in", backoff)
 				select {
 				case <-ctx.Done():
-					return
+					return nil
 				case <-time.After(backoff):
 				}
 				backoff = min(backoff*2, 10*time.Second)
