@@ -194,7 +194,9 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 
 	var deliverer dispatch.Deliverer = app
 	if b := cfg.Handler.Batch; b.MaxMessages > 1 {
-		batcher := handler.NewBatcher(app, b.MaxMessages, b.MaxWait.D())
+		batcher := handler.NewBatcher(app, handler.BatchOptions{
+			MaxMessages: b.MaxMessages, MaxWait: b.MaxWait.D(), MinCall: policy.MinAttempt,
+		})
 		defer batcher.Close()
 		deliverer = batcher
 	}

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"handoff.dev/handoff/internal/broker"
@@ -26,15 +28,21 @@ const maxBatchResponse = 16 << 20
 // batched mode: one POST whose body is a JSON array of structured events,
 // answered by one outcome per event (see the README for the format). Each
 // attempt still gets its own Result, so every message keeps its own outcome,
-// attempt count, retry and dead-letter path. It is safe for concurrent use;
-// Deliver blocks until its attempt's answer is in.
+// attempt count, retry and dead-letter path; a batch that fails as a whole is
+// split until the message that fails it stands alone (see bisect.go). It is
+// safe for concurrent use; Deliver blocks until its attempt's answer is in.
+// Close stops collecting and waits for the batches in flight.
 type Batcher struct {
 	h       *HTTP
 	max     int
 	wait    time.Duration
+	budget  SplitBudget // nil: splits are not paid for
+	minCall time.Duration
 	in      chan *pending
 	stop    chan struct{}
 	stopped chan struct{}
+	once    sync.Once
+	sending sync.WaitGroup // batches in flight, joined by Close
 }
 
 type pending struct {
@@ -43,19 +51,38 @@ type pending struct {
 	res chan Result // buffered
 }
 
+// BatchOptions configures a Batcher.
+type BatchOptions struct {
+	// MaxMessages is the most attempts one request carries.
+	MaxMessages int
+	// MaxWait is how long a batch waits for more attempts after its first.
+	MaxWait time.Duration
+	// Budget pays for the extra requests of splitting a batch that failed as
+	// a whole. Nil splits without paying; the bound on splits per batch
+	// holds either way.
+	Budget SplitBudget
+	// MinCall is the least time before a message's deadline that is still
+	// worth a request: a message with less left is not sent again when its
+	// batch splits, it keeps the batch's failure.
+	MinCall time.Duration
+}
+
 // NewBatcher batches h's deliveries: a batch goes out when it holds
-// maxMessages attempts or maxWait after its first one.
-func NewBatcher(h *HTTP, maxMessages int, maxWait time.Duration) *Batcher {
-	b := &Batcher{h: h, max: max(maxMessages, 1), wait: maxWait, in: make(chan *pending),
-		stop: make(chan struct{}), stopped: make(chan struct{})}
+// o.MaxMessages attempts (fewer for re-attempts, see batchLimit) or o.MaxWait
+// after its first one.
+func NewBatcher(h *HTTP, o BatchOptions) *Batcher {
+	b := &Batcher{h: h, max: max(o.MaxMessages, 1), wait: o.MaxWait, budget: o.Budget, minCall: o.MinCall,
+		in: make(chan *pending), stop: make(chan struct{}), stopped: make(chan struct{})}
 	go b.collect()
 	return b
 }
 
-// Close stops collecting; attempts already sent get their answers.
+// Close stops collecting and waits until every attempt already taken has its
+// answer. It is safe to call twice.
 func (b *Batcher) Close() {
-	close(b.stop)
+	b.once.Do(func() { close(b.stop) })
 	<-b.stopped
+	b.sending.Wait()
 }
 
 // Probe reports whether the app accepts connections.
@@ -80,44 +107,88 @@ func (b *Batcher) Deliver(ctx context.Context, r *Request) Result {
 	}
 }
 
-// collect gathers batches. The app answers each event by its id, so a batch
-// never holds two attempts with the same event id (two sources, or two
-// replays, can share one): the second opens the next batch, or one answer
-// would settle both.
+// batchLimit is the most attempts a batch holding r may carry. A re-attempt
+// failed before, perhaps in a batch with a message that fails every request
+// it is in; were the retry copies of one failed batch gathered again as they
+// were, they would fail together again, each time charged an attempt
+// whenever the split budget ran dry. So a re-attempt shares a batch only with
+// re-attempts of the same limit, and the limit halves with every attempt:
+// max, max/2, max/4 … 1. By attempt 1+log2(max) every message goes alone,
+// so a poison message is alone before max_attempts however the budget
+// stood, and a fresh message is never batched with a known failure. Retries
+// are few next to fresh traffic (the retry budget sees to that), so the
+// smaller batches cost little.
+func (b *Batcher) batchLimit(r *Request) int {
+	if r.Attempt <= 1 {
+		return b.max
+	}
+	return max(b.max>>min(r.Attempt-1, 62), 1)
+}
+
+// gathering is a batch being filled.
+type gathering struct {
+	batch []*pending
+	ids   map[string]bool
+	due   time.Time
+}
+
+// collect gathers batches, one open batch per limit (batchLimit). The app
+// answers each event by its id, so a batch never holds two attempts with the
+// same event id (two sources, or two replays, can share one): the second
+// sends the batch off and opens the next one, or one answer would settle
+// both.
 func (b *Batcher) collect() {
 	defer close(b.stopped)
-	var next *pending // opens the next batch
+	open := map[int]*gathering{}
+	send := func(limit int) {
+		batch := open[limit].batch
+		delete(open, limit)
+		b.sending.Go(func() { b.send(batch) })
+	}
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
 	for {
-		first := next
-		next = nil
-		if first == nil {
-			select {
-			case first = <-b.in:
-			case <-b.stop:
-				return
-			}
-		}
-		batch := []*pending{first}
-		ids := map[string]bool{first.r.EventID: true}
-		t := time.NewTimer(b.wait)
-	fill:
-		for len(batch) < b.max {
-			select {
-			case p := <-b.in:
-				if ids[p.r.EventID] {
-					next = p
-					break fill
+		var fire <-chan time.Time
+		if len(open) > 0 {
+			var first time.Time
+			for _, g := range open {
+				if first.IsZero() || g.due.Before(first) {
+					first = g.due
 				}
-				ids[p.r.EventID] = true
-				batch = append(batch, p)
-			case <-t.C:
-				break fill
-			case <-b.stop:
-				break fill
 			}
+			timer.Reset(time.Until(first))
+			fire = timer.C
 		}
-		t.Stop()
-		go b.send(batch)
+		select {
+		case p := <-b.in:
+			limit := b.batchLimit(p.r)
+			g := open[limit]
+			if g != nil && g.ids[p.r.EventID] {
+				send(limit)
+				g = nil
+			}
+			if g == nil {
+				g = &gathering{ids: map[string]bool{}, due: time.Now().Add(b.wait)}
+				open[limit] = g
+			}
+			g.batch = append(g.batch, p)
+			g.ids[p.r.EventID] = true
+			if len(g.batch) >= limit {
+				send(limit)
+			}
+		case <-fire:
+			now := time.Now()
+			for limit, g := range open {
+				if !now.Before(g.due) {
+					send(limit)
+				}
+			}
+		case <-b.stop:
+			for limit := range open {
+				send(limit)
+			}
+			return
+		}
 	}
 }
 
@@ -160,61 +231,69 @@ type batchResult struct {
 	Detail     string          `json:"detail"`
 }
 
-func (b *Batcher) send(batch []*pending) {
+// post makes one request carrying batch. When the app answers event by
+// event, each holds one Result per attempt, in batch order; otherwise whole
+// is the answer to the request, for every attempt in it. The request's
+// timeout is the shortest of its attempts' own, cut to the time left before
+// the earliest deadline among them; it is cancelled once no attempt in it
+// has anyone waiting for its answer.
+func (b *Batcher) post(batch []*pending) (each []Result, whole Result) {
 	h := b.h
 	start := h.now()
 	timeout := batch[0].r.Timeout
 	reqs := make([]*Request, len(batch))
 	for i, p := range batch {
 		timeout = min(timeout, p.r.Timeout)
-		reqs[i] = p.r
-	}
-	answer := func(res Result) {
-		res.Latency = h.now().Sub(start)
-		for _, p := range batch {
-			p.res <- res
+		if !p.r.Deadline.IsZero() {
+			timeout = min(timeout, p.r.Deadline.Sub(start))
 		}
+		reqs[i] = p.r
 	}
 	body, err := encodeBatch(reqs)
 	if err != nil {
-		answer(Result{Outcome: budget.Permanent, Detail: "encode batch: " + err.Error()})
-		return
+		return nil, Result{Outcome: budget.Permanent, Detail: "encode batch: " + err.Error()}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
+	var waiting atomic.Int64
+	waiting.Store(int64(len(batch)))
+	for _, p := range batch {
+		stop := context.AfterFunc(p.ctx, func() {
+			if waiting.Add(-1) == 0 {
+				cancel()
+			}
+		})
+		defer stop()
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.url, bytes.NewReader(body))
 	if err != nil {
-		answer(Result{Outcome: budget.Permanent, Detail: "build request: " + err.Error()})
-		return
+		return nil, Result{Outcome: budget.Permanent, Detail: "build request: " + err.Error()}
 	}
 	req.Header.Set("Content-Type", BatchContentType)
 	h.authorize(req)
 	resp, err := h.tr.RoundTrip(req)
 	if err != nil {
-		answer(Result{Outcome: transportOutcome(err), Detail: err.Error()})
-		return
+		return nil, Result{Outcome: transportOutcome(err), Detail: err.Error()}
 	}
 	data, readErr := io.ReadAll(io.LimitReader(resp.Body, maxBatchResponse))
 	_ = resp.Body.Close()
 	end := h.now()
 	if resp.StatusCode/100 != 2 {
-		// An answer for the whole batch: every event gets it.
 		o, after := h.classifier.Response(resp.StatusCode, resp.Header, end)
 		res := Result{Outcome: o, Status: resp.StatusCode, RetryAfter: after, Detail: "HTTP " + strconv.Itoa(resp.StatusCode)}
 		if ev := strings.TrimSpace(string(data[:min(len(data), evidenceLen)])); ev != "" {
 			res.Detail += ": " + ev
 		}
-		answer(res)
-		return
+		return nil, res
 	}
 	var parsed struct {
 		Results []batchResult `json:"results"`
 	}
 	if readErr != nil || json.Unmarshal(data, &parsed) != nil {
 		// The app took the batch but its answer cannot be read: any event
-		// may have been handled.
-		answer(Result{Outcome: budget.Unknown, Status: resp.StatusCode, Detail: "batch response unreadable: want {\"results\": [...]}"})
-		return
+		// may have been handled. Not split: an app that does not speak the
+		// batch format would answer every part the same.
+		return nil, Result{Outcome: budget.Unknown, Status: resp.StatusCode, Detail: "batch response unreadable: want {\"results\": [...]}"}
 	}
 	byID := make(map[string]batchResult, len(parsed.Results))
 	twice := map[string]bool{}
@@ -224,21 +303,22 @@ func (b *Batcher) send(batch []*pending) {
 		}
 		byID[r.ID] = r
 	}
-	latency := end.Sub(start)
-	for _, p := range batch {
+	each = make([]Result, len(batch))
+	for i, p := range batch {
 		r, ok := byID[p.r.EventID]
 		switch {
 		case !ok:
-			p.res <- Result{Outcome: budget.Unknown, Status: resp.StatusCode, Latency: latency,
+			each[i] = Result{Outcome: budget.Unknown, Status: resp.StatusCode,
 				Detail: "the batch response has no result for this event"}
 		case twice[p.r.EventID]:
 			// Which answer is this event's cannot be known.
-			p.res <- Result{Outcome: budget.Unknown, Status: resp.StatusCode, Latency: latency,
+			each[i] = Result{Outcome: budget.Unknown, Status: resp.StatusCode,
 				Detail: "the batch response has two results for this event"}
 		default:
-			p.res <- h.eventResult(r, resp.StatusCode, end, latency)
+			each[i] = h.eventResult(r, resp.StatusCode, end, 0)
 		}
 	}
+	return each, Result{}
 }
 
 // encodeBatch writes the attempts as a JSON array of structured events.

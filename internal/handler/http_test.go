@@ -722,7 +722,7 @@ func TestDeliverURLUserIsBasicAuth(t *testing.T) {
 	if got := (<-seen).header.Get("Authorization"); got != "Bearer t" {
 		t.Errorf("Authorization = %q, want the message's own", got)
 	}
-	b := NewBatcher(h, 1, time.Millisecond)
+	b := NewBatcher(h, BatchOptions{MaxMessages: 1, MaxWait: time.Millisecond})
 	defer b.Close()
 	b.Deliver(context.Background(), request(&broker.Message{Body: []byte("x")}))
 	if got := (<-seen).header.Get("Authorization"); got != "Basic YXBwOnMzY3JldA==" {
