@@ -192,10 +192,13 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 		}
 	}
 
+	// One budget pays for re-attempts and for the extra requests of
+	// splitting a failed batch alike: both are load that failures add.
+	retryBudget := budget.NewRetryBudget(cfg.Budget.Ratio, cfg.Budget.MinPerSecond, cfg.Budget.Window.D(), nil)
 	var deliverer dispatch.Deliverer = app
 	if b := cfg.Handler.Batch; b.MaxMessages > 1 {
 		batcher := handler.NewBatcher(app, handler.BatchOptions{
-			MaxMessages: b.MaxMessages, MaxWait: b.MaxWait.D(), MinCall: policy.MinAttempt,
+			MaxMessages: b.MaxMessages, MaxWait: b.MaxWait.D(), MinCall: policy.MinAttempt, Budget: retryBudget,
 		})
 		defer batcher.Close()
 		deliverer = batcher
@@ -210,7 +213,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 		DrainTimeout:          cfg.Shutdown.DrainTimeout.D(),
 		Logger:                log,
 		Fault:                 hk.fault,
-		Budget:                budget.NewRetryBudget(cfg.Budget.Ratio, cfg.Budget.MinPerSecond, cfg.Budget.Window.D(), nil),
+		Budget:                retryBudget,
 		TrustProducerDeadline: cfg.Retry.TrustProducerDeadline,
 	})
 	checks = append(checks, telemetry.Check{Name: "app", Ready: engine.Ready})
