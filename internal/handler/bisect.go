@@ -31,6 +31,8 @@ type SplitBudget interface {
 	TrySpend() (refund func(), ok bool)
 }
 
+var _ SplitBudget = (*budget.RetryBudget)(nil)
+
 // bisects reports whether a whole-batch answer may be about one message in
 // it, and so is worth splitting the batch for: a server error (retry), a
 // timeout or broken connection (unknown), and a rejection (permanent: an app
