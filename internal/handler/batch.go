@@ -233,11 +233,12 @@ type batchResult struct {
 
 // post makes one request carrying batch. When the app answers event by
 // event, each holds one Result per attempt, in batch order; otherwise whole
-// is the answer to the request, for every attempt in it. The request's
+// is the answer to the request, for every attempt in it, and split says
+// whether it is an answer that splitting the batch may improve on. The request's
 // timeout is the shortest of its attempts' own, cut to the time left before
 // the earliest deadline among them; it is cancelled once no attempt in it
 // has anyone waiting for its answer.
-func (b *Batcher) post(batch []*pending) (each []Result, whole Result) {
+func (b *Batcher) post(batch []*pending) (each []Result, whole Result, split bool) {
 	h := b.h
 	start := h.now()
 	timeout := batch[0].r.Timeout
@@ -251,7 +252,7 @@ func (b *Batcher) post(batch []*pending) (each []Result, whole Result) {
 	}
 	body, err := encodeBatch(reqs)
 	if err != nil {
-		return nil, Result{Outcome: budget.Permanent, Detail: "encode batch: " + err.Error()}
+		return nil, Result{Outcome: budget.Permanent, Detail: "encode batch: " + err.Error()}, false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -267,13 +268,14 @@ func (b *Batcher) post(batch []*pending) (each []Result, whole Result) {
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.url, bytes.NewReader(body))
 	if err != nil {
-		return nil, Result{Outcome: budget.Permanent, Detail: "build request: " + err.Error()}
+		return nil, Result{Outcome: budget.Permanent, Detail: "build request: " + err.Error()}, false
 	}
 	req.Header.Set("Content-Type", BatchContentType)
 	h.authorize(req)
 	resp, err := h.tr.RoundTrip(req)
 	if err != nil {
-		return nil, Result{Outcome: transportOutcome(err), Detail: err.Error()}
+		res := Result{Outcome: transportOutcome(err), Detail: err.Error()}
+		return nil, res, bisects(res.Outcome)
 	}
 	data, readErr := io.ReadAll(io.LimitReader(resp.Body, maxBatchResponse))
 	_ = resp.Body.Close()
@@ -284,7 +286,7 @@ func (b *Batcher) post(batch []*pending) (each []Result, whole Result) {
 		if ev := strings.TrimSpace(string(data[:min(len(data), evidenceLen)])); ev != "" {
 			res.Detail += ": " + ev
 		}
-		return nil, res
+		return nil, res, bisects(res.Outcome)
 	}
 	var parsed struct {
 		Results []batchResult `json:"results"`
@@ -293,7 +295,7 @@ func (b *Batcher) post(batch []*pending) (each []Result, whole Result) {
 		// The app took the batch but its answer cannot be read: any event
 		// may have been handled. Not split: an app that does not speak the
 		// batch format would answer every part the same.
-		return nil, Result{Outcome: budget.Unknown, Status: resp.StatusCode, Detail: "batch response unreadable: want {\"results\": [...]}"}
+		return nil, Result{Outcome: budget.Unknown, Status: resp.StatusCode, Detail: "batch response unreadable: want {\"results\": [...]}"}, false
 	}
 	byID := make(map[string]batchResult, len(parsed.Results))
 	twice := map[string]bool{}
@@ -318,7 +320,7 @@ func (b *Batcher) post(batch []*pending) (each []Result, whole Result) {
 			each[i] = h.eventResult(r, resp.StatusCode, end, 0)
 		}
 	}
-	return each, Result{}
+	return each, Result{}, false
 }
 
 // encodeBatch writes the attempts as a JSON array of structured events.

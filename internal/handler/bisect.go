@@ -75,7 +75,7 @@ func (b *Batcher) send(batch []*pending) {
 // it when it fails as a whole. refund, when not nil, returns the token that
 // paid for this request.
 func (s *bisection) run(batch []*pending, refund func()) {
-	each, whole := s.b.post(batch)
+	each, whole, split := s.b.post(batch)
 	if each != nil {
 		if refund != nil {
 			refund()
@@ -85,7 +85,7 @@ func (s *bisection) run(batch []*pending, refund func()) {
 		}
 		return
 	}
-	if len(batch) == 1 || !bisects(whole.Outcome) {
+	if len(batch) == 1 || !split {
 		// Overload and unreachable stop the splitting here too: the
 		// answer is about the app, and it holds for this part as it is.
 		s.answerAll(batch, whole)

@@ -12,4 +12,10 @@
 // Unreachable, not a failure: it must not burn an attempt. Any error after the
 // request may have reached the app is Unknown, because its effect may have
 // happened.
+//
+// In batch mode a request that fails as a whole (a server error, a timeout, a
+// rejection) is sent again in halves until the failing message stands alone,
+// so one poison message does not cost its batch-mates attempts. The halves
+// resend events the app may have seen already: a batch handler must be as
+// idempotent as a single one.
 package handler
