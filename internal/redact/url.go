@@ -25,38 +25,38 @@ func URL(s string) string {
 
 // mask is URL, also reporting whether anything was masked.
 func mask(s string) (string, bool) {
-	start := authorityStart(s)
-	rest := start
+	if !strings.ContainsAny(s, "@?#") {
+		return s, false
+	}
 	var b strings.Builder
+	b.Grow(len(s))
 	masked := false
+	rest := authorityStart(s)
 	// The userinfo ends at the last '@': a password may hold an unescaped
 	// '@', '/', '?' or '#' that makes net/url read the URL differently (or
 	// not at all), and the password is what the user meant, not what
 	// net/url found.
-	if at := strings.LastIndexByte(s, '@'); at >= start {
-		if colon := strings.IndexByte(s[start:at], ':'); colon >= 0 {
-			b.Grow(len(s))
-			b.WriteString(s[:start+colon+1])
+	if at := strings.LastIndexByte(s, '@'); at >= rest {
+		if colon := strings.IndexByte(s[rest:at], ':'); colon >= 0 {
+			b.WriteString(s[:rest+colon+1])
 			b.WriteString(Mask)
 			masked = true
 		} else {
-			b.WriteString(s[:start])
-			b.WriteString(s[start:at])
+			b.WriteString(s[:at])
 		}
 		rest = at
 	} else {
-		b.WriteString(s[:start])
+		b.WriteString(s[:rest])
 	}
 	// Query and fragment: name=value pairs after the first '?' or '#'.
 	tail := s[rest:]
-	q := strings.IndexAny(tail, "?#")
-	if q < 0 {
+	if q := strings.IndexAny(tail, "?#"); q >= 0 {
+		b.WriteString(tail[:q+1])
+		if maskParams(&b, tail[q+1:]) {
+			masked = true
+		}
+	} else {
 		b.WriteString(tail)
-		return b.String(), masked
-	}
-	b.WriteString(tail[:q+1])
-	if maskParams(&b, tail[q+1:]) {
-		masked = true
 	}
 	if !masked {
 		return s, false
