@@ -13,6 +13,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"handoff.dev/handoff/internal/redact"
 )
 
 // exitConfig is the exit code for a configuration the sidecar refuses.
@@ -43,7 +45,8 @@ func main() {
 	if errors.As(err, &ee) {
 		code = ee.code
 	}
-	fmt.Fprintln(os.Stderr, "sidecar:", err)
+	// The last word may quote a URL from the config: never its password.
+	fmt.Fprintln(os.Stderr, "sidecar:", redact.Error(err))
 	os.Exit(code)
 }
 
