@@ -37,19 +37,24 @@ const resumeBound = 10 * time.Second
 // leaves the group. The same with transactional_transfer, whose
 // transactional id follows the member, so a restart also aborts at once the
 // transaction that the kill left open.
+//
+// On kfake too: copies in the retry topic, paused until due or waiting for a
+// budget token, are what a kill finds there.
 func TestKafkaRestartAfterSIGKILLResumesAtOnce(t *testing.T) {
 	t.Parallel()
-	for _, transactional := range []bool{false, true} {
-		t.Run(fmt.Sprintf("transactional=%v", transactional), func(t *testing.T) {
-			t.Parallel()
-			testRestartAfterSIGKILL(t, transactional)
-		})
+	for _, b := range kafkaBackends() {
+		for _, transactional := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/transactional=%v", b.name, transactional), func(t *testing.T) {
+				t.Parallel()
+				testRestartAfterSIGKILL(t, b, transactional)
+			})
+		}
 	}
 }
 
-func testRestartAfterSIGKILL(t *testing.T, transactional bool) {
+func testRestartAfterSIGKILL(t *testing.T, b kafkaBackend, transactional bool) {
 	bin := sidecarBinary(t)
-	brokers, topic := realKafkaTopic(t, "restart", 3)
+	brokers, topic := b.topic(t, "restart", 3)
 	group := kafkaGroup(topic)
 	kind := func(id string) string { return id[:strings.IndexByte(id, '-')] }
 
