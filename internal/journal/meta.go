@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -45,4 +46,44 @@ func (j *Journal) loadInstanceID() error {
 	}
 	j.instanceID = id
 	return nil
+}
+
+// keepInstanceID makes id, an earlier file's instance id, this journal's:
+// a journal repaired or reset is the same sidecar, and rejoins its Kafka
+// groups as the same member. An id that is not one this package made is
+// left out.
+func (j *Journal) keepInstanceID(id string) error {
+	if b, err := hex.DecodeString(id); err != nil || len(b) != instanceIDLen || id == j.instanceID {
+		return nil
+	}
+	err := j.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketMeta).Put(metaInstance, []byte(id))
+	})
+	if err != nil {
+		return fmt.Errorf("keep instance id: %w", err)
+	}
+	j.instanceID = id
+	return nil
+}
+
+// readInstanceID is the instance id stored in the journal file at path, or
+// "" when it has none or cannot be read (a damaged file may panic bbolt).
+func readInstanceID(path string) (id string) {
+	defer func() {
+		if recover() != nil {
+			id = ""
+		}
+	}()
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Second})
+	if err != nil {
+		return ""
+	}
+	defer db.Close()
+	_ = db.View(func(tx *bolt.Tx) error {
+		if m := tx.Bucket(bucketMeta); m != nil {
+			id = string(m.Get(metaInstance))
+		}
+		return nil
+	})
+	return id
 }

@@ -74,3 +74,32 @@ func removeInstanceID(t *testing.T, path string) {
 	t.Helper()
 	updateFile(t, path, func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Delete(metaInstance) })
 }
+
+// A journal repaired or reset is the same sidecar: the new file keeps the
+// old one's instance id.
+func TestInstanceIDKeptByRepairAndReset(t *testing.T) {
+	tests := []struct {
+		name string
+		redo func(path string) error
+	}{
+		{"repair", func(path string) error { _, err := Repair(path); return err }},
+		{"reset", func(path string) error { _, err := Reset(path); return err }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := newPath(t)
+			j, _ := openJournal(t, path, Options{})
+			id := j.InstanceID()
+			if err := j.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if err := tt.redo(path); err != nil {
+				t.Fatal(err)
+			}
+			j, _ = openJournal(t, path, Options{})
+			if got := j.InstanceID(); got != id {
+				t.Errorf("instance id after %s: %q, want %q", tt.name, got, id)
+			}
+		})
+	}
+}

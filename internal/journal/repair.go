@@ -27,7 +27,8 @@ type RepairReport struct {
 // Repair moves a damaged journal aside and writes a new one at path with
 // every record that can still be read. Hand-offs whose records were lost are
 // handled as new when their messages come back: at worst a duplicate call,
-// never a lost message.
+// never a lost message. The new journal keeps the old one's instance id when
+// it can be read.
 func Repair(path string) (RepairReport, error) {
 	aside, err := moveAside(path, "corrupt")
 	if err != nil {
@@ -69,6 +70,10 @@ func Repair(path string) (RepairReport, error) {
 	j, _, err := Open(path, Options{Sync: SyncAlways})
 	if err != nil {
 		return rep, fmt.Errorf("create the new journal: %w", err)
+	}
+	if err := j.keepInstanceID(readInstanceID(aside)); err != nil {
+		_ = j.Close()
+		return rep, err
 	}
 	const chunk = 1024
 	for i := 0; i < len(items); i += chunk {
@@ -137,8 +142,9 @@ func salvageSteps(b *bolt.Bucket, rep *RepairReport, keep func([]byte, Record)) 
 	return nil
 }
 
-// Reset moves the journal aside and starts an empty one at path. It returns
-// where the old file went.
+// Reset moves the journal aside and starts an empty one at path, keeping the
+// old file's instance id when it can be read. It returns where the old file
+// went.
 func Reset(path string) (string, error) {
 	aside, err := moveAside(path, "reset")
 	if err != nil {
@@ -147,6 +153,10 @@ func Reset(path string) (string, error) {
 	j, _, err := Open(path, Options{})
 	if err != nil {
 		return aside, fmt.Errorf("create the new journal: %w", err)
+	}
+	if err := j.keepInstanceID(readInstanceID(aside)); err != nil {
+		_ = j.Close()
+		return aside, err
 	}
 	return aside, j.Close()
 }
