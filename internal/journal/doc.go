@@ -25,10 +25,11 @@
 // holding its records is durable. AppendAsync queues records without waiting.
 //
 // The journal also names the sidecar that writes it: an instance id made at
-// random when the file is first opened and kept in it (InstanceID). A restart
-// on the same file is the same instance; two running sidecars cannot share a
-// file, so they never share an id. The Kafka adapter's static group
-// membership and transactional ids are built on it.
+// random when the file is first opened and kept in it (InstanceID), also
+// across Repair and Reset. A restart on the same file is the same instance;
+// two running sidecars cannot share a file, so they never share an id. The
+// Kafka adapter's static group membership and transactional ids are built on
+// it.
 //
 // # Caveats
 //
