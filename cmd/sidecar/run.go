@@ -176,7 +176,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 		checks  []telemetry.Check
 	)
 	for _, sc := range cfg.Sources {
-		src, err := buildSource(sc, cfg, policy.Tiers, jr.InstanceID(), log)
+		src, err := buildSource(sc, policy.Tiers, jr.InstanceID(), log)
 		if err != nil {
 			for _, b := range sources {
 				b.close()
@@ -298,7 +298,7 @@ type source struct {
 	close func()
 }
 
-func buildSource(sc config.Source, cfg config.Config, tiers []time.Duration, journalID string, log *slog.Logger) (source, error) {
+func buildSource(sc config.Source, tiers []time.Duration, journalID string, log *slog.Logger) (source, error) {
 	switch {
 	case sc.RabbitMQ != nil:
 		return rabbitSource(sc, tiers, log), nil

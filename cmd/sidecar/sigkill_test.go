@@ -96,9 +96,10 @@ func TestSIGKILLMixedWorkloadKafka(t *testing.T) {
 func testSIGKILLKafka(t *testing.T, transactional bool) {
 	brokers, topic := realKafkaTopic(t, "kill", 3)
 	runSIGKILLWorkload(t, killTarget{
-		// A static member: each restart takes the partitions back at once
-		// (and, transactional, aborts the transaction the kill left open).
-		source: fmt.Sprintf("kafka: {brokers: [%q], topic: %q, group: %q, instance_id: kill-test, session_timeout: 6s, transactional_transfer: %v}",
+		// Static membership by default, on the journal's id: each restart
+		// takes the partitions back at once (and, transactional, aborts the
+		// transaction the kill left open).
+		source: fmt.Sprintf("kafka: {brokers: [%q], topic: %q, group: %q, session_timeout: 6s, transactional_transfer: %v}",
 			strings.Join(brokers, ","), topic, kafkaGroup(topic), transactional),
 		publish: func(ids []string) {
 			var recs []*kgo.Record

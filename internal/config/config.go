@@ -79,9 +79,11 @@ type Kafka struct {
 	// heartbeating (a crashed sidecar) before its partitions move. Zero means
 	// 45s, the client's default.
 	SessionTimeout Duration `yaml:"session_timeout"`
-	// InstanceID makes the member static (KIP-345): a sidecar restarted with
-	// the same id (say, its pod's name) takes its partitions back at once
-	// instead of waiting out the session timeout and a rebalance.
+	// InstanceID is the member's static group instance id (KIP-345), which
+	// lets a sidecar restarted with the same id take its partitions back at
+	// once instead of waiting out the session timeout. Membership is static
+	// anyway: empty means an id made once per journal and kept in it; set it
+	// (say, to the pod's name) to choose the id an operator sees.
 	InstanceID string `yaml:"instance_id"`
 }
 

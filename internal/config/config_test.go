@@ -149,6 +149,19 @@ func TestParseProblems(t *testing.T) {
 			"sources[0].kafka.group: required", "sources[0].kafka.ordering: want none, key or partition",
 			"sources[0].kafka.fetch_max_bytes: want a number of bytes up to 104857600",
 		}},
+		{"kafka instance ids", replace(t, `  - name: orders
+    rabbitmq:
+      url: amqp://guest:guest@127.0.0.1:5672/
+      queue: orders
+      prefetch: 100
+`, `  - {name: a, kafka: {brokers: ["127.0.0.1:9092"], topic: a, group: g, instance_id: pod-1}}
+  - {name: b, kafka: {brokers: ["127.0.0.1:9092"], topic: b, group: g, instance_id: pod-1}}
+  - {name: c, kafka: {brokers: ["127.0.0.1:9092"], topic: c, group: h, instance_id: pod-1}}
+  - {name: d, kafka: {brokers: ["127.0.0.1:9092"], topic: d, group: g, instance_id: "pod/1"}}
+`), []string{
+			`sources[1].kafka.instance_id: "pod-1" is also sources[0]'s in group "g"`,
+			`sources[3].kafka.instance_id: want up to 249 of a-z`,
+		}},
 		{"every problem at once", replace(t, "max_attempts: 4\n  base: 100ms\n  cap: 2s\n  tiers: [1s, 10s, 1m, 10m]", "max_attempts: 0\n  base: 100ms\n  cap: 1ms\n  tiers: [2s, 1s]"), []string{
 			"retry.max_attempts:", "retry.cap:", "retry.tiers[1]:",
 		}},

@@ -26,6 +26,7 @@ func (c *Config) Validate() error {
 		ps.add("sources", "at least one source is required")
 	}
 	names := map[string]int{}
+	members := map[string]int{} // group and static instance id → source
 	for i, s := range c.Sources {
 		path := fmt.Sprintf("sources[%d]", i)
 		if s.Name == "" {
@@ -42,6 +43,16 @@ func (c *Config) Validate() error {
 			s.RabbitMQ.validate(path+".rabbitmq", c.Retry.Tiers, &ps)
 		case s.Kafka != nil:
 			s.Kafka.validate(path+".kafka", &ps)
+			if id := s.Kafka.InstanceID; id != "" {
+				// Two members of one group with one static id fence each
+				// other: each join throws the other out.
+				member := s.Kafka.Group + "\x00" + id
+				if j, dup := members[member]; dup {
+					ps.add(path+".kafka.instance_id", "%q is also sources[%d]'s in group %q: each source needs its own", id, j, s.Kafka.Group)
+				} else {
+					members[member] = i
+				}
+			}
 		default:
 			ps.add(path, "exactly one broker per source: set rabbitmq or kafka")
 		}
@@ -154,6 +165,22 @@ func (k *Kafka) validate(path string, ps *Problems) {
 	if k.SessionTimeout < 0 {
 		ps.add(path+".session_timeout", "must not be negative")
 	}
+	if id := k.InstanceID; id != "" && !validInstanceID(id) {
+		ps.add(path+".instance_id", "want up to 249 of a-z, A-Z, 0-9, '.', '_' and '-' (what Kafka accepts), got %q", id)
+	}
+}
+
+// validInstanceID reports whether Kafka takes id as a group.instance.id.
+func validInstanceID(id string) bool {
+	if len(id) > 249 {
+		return false
+	}
+	for _, c := range []byte(id) {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 func (r *Retry) validate(ps *Problems) {
