@@ -268,13 +268,13 @@ func (b *Batcher) post(batch []*pending) (each []Result, whole Result, split boo
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.url, bytes.NewReader(body))
 	if err != nil {
-		return nil, Result{Outcome: budget.Permanent, Detail: "build request: " + err.Error()}, false
+		return nil, Result{Outcome: budget.Permanent, Detail: "build request: " + errorDetail(err)}, false
 	}
 	req.Header.Set("Content-Type", BatchContentType)
 	h.authorize(req)
 	resp, err := h.tr.RoundTrip(req)
 	if err != nil {
-		res := Result{Outcome: transportOutcome(err), Detail: err.Error()}
+		res := Result{Outcome: transportOutcome(err), Detail: errorDetail(err)}
 		return nil, res, bisects(res.Outcome)
 	}
 	data, readErr := io.ReadAll(io.LimitReader(resp.Body, maxBatchResponse))
