@@ -4,7 +4,7 @@ PKGS     := ./...
 export HANDOFF_RABBITMQ_URL ?= amqp://guest:guest@127.0.0.1:5672/
 export HANDOFF_KAFKA_BROKERS ?= 127.0.0.1:19092
 
-.PHONY: build demo brokers brokers-stop test test-short lint fmt fuzz bench clean
+.PHONY: build demo brokers brokers-stop test test-short lint fmt fuzz bench proto clean
 
 build:
 	$(GO) build -o bin/sidecar ./cmd/sidecar
@@ -54,6 +54,16 @@ BENCH_N ?= 50000
 bench: brokers build
 	$(GO) test -run='^$$' -bench=. -benchmem -benchtime=2s ./internal/journal/ ./internal/budget/ ./internal/handler/
 	bin/handoff-bench -n $(BENCH_N) -out BENCH.md
+
+# Regenerate the code of api/ from its contracts with pinned tools, run
+# from their Go modules (buf compiles the protos itself; no protoc, no Buf
+# registry), and record the digests the staleness test checks.
+BUF ?= $(GO) run github.com/bufbuild/buf/cmd/buf@v1.75.0
+proto:
+	cd api && $(BUF) generate --template buf.gen.yaml
+	cd api && $(BUF) generate --template buf.gen.admin.yaml --path admin/v1
+	cd api && find . -type f \( -name 'buf.*' -o -name '*.proto' -o -name '*.yaml' -o -name '*.pb.go' -o -name '*.pb.gw.go' -o -name '*.swagger.json' \) \
+		| sed 's|^\./||' | LC_ALL=C sort | xargs sha256sum > generated.sum
 
 clean:
 	rm -rf bin
