@@ -243,6 +243,9 @@ func (h *handoff) copyArrived(ctx context.Context, dest broker.Destination, c *j
 // and carries out the decision; in-place retries loop here. A first attempt
 // deposits into the retry budget; every later one waits for a token first.
 func (h *handoff) attempt(ctx context.Context) {
+	// A token taken for a call that was never made goes back however the
+	// walk ends: shutdown, a lost delivery, the deadline.
+	defer h.refund()
 	e, p, t := h.e, h.e.o.Policy, &h.trail
 	recorded := 0 // the attempt number whose ATTEMPT record is written
 	budgeted := 0 // the attempt number the budget has seen

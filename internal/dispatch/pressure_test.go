@@ -401,3 +401,33 @@ func TestSucceedingReattemptsRefundTheirToken(t *testing.T) {
 		})
 	}
 }
+
+// A re-attempt whose token was taken, and whose call found the app
+// unreachable, gives the token back when its deadline passes while it waits
+// for the app: no call was made, so nothing was spent.
+func TestTokenBackWhenTheDeadlinePassesWhileTheAppIsDown(t *testing.T) {
+	frozen := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	r := newRig(t, budget.Unreachable)
+	d := r.delivery("late")
+	d.msg.Copy = true
+	deadline := time.Now().Add(300 * time.Millisecond)
+	tr := broker.Trail{EventID: "late", Attempt: 1, Hops: 1, FirstAttemptAt: time.Now(), Deadline: deadline}
+	d.msg.Headers = tr.Headers()
+	b := budget.NewRetryBudget(0, 1, time.Second, func() time.Time { return frozen })
+	e := r.engine(4, d)
+	e.o.Budget = b
+	run(t, e, func() bool {
+		if time.Now().After(deadline) {
+			r.app.probeOK.Store(true) // the app is back, too late
+		}
+		ev := r.snapshot()
+		return len(ev) >= 2
+	})
+	ev := r.snapshot()
+	if len(ev) != 2 || ev[0].kind != "transfer" || !ev[0].dest.DeadLetter {
+		t.Fatalf("events = %v, want a dead-letter copy and an ack", kinds(ev))
+	}
+	if st := b.State(); st.Tokens != 1 {
+		t.Errorf("tokens = %v after the walk ended, want the 1 it took back", st.Tokens)
+	}
+}

@@ -463,7 +463,7 @@ func (c *Client) Close() error {
 		} else {
 			err = c.cl.CommitMarkedOffsets(ctx)
 		}
-		c.leave(ctx)
+		c.leave()
 		c.cl.Close()
 	})
 	return err
@@ -475,13 +475,22 @@ func (c *Client) Close() error {
 // keeps a static member in, waiting for it to come back under its id. The
 // group management stops first: a member removed while it still heartbeats
 // would join again.
-func (c *Client) leave(ctx context.Context) {
+//
+// Each step has a time of its own: stopping the membership runs the revoke
+// callback, which may wait out RevokeTimeout for records still in flight
+// (a drain that timed out), and the leave must not starve behind it, or
+// the partitions would sit idle for the session timeout after all.
+func (c *Client) leave() {
 	if c.o.InstanceID == "" {
 		return
 	}
-	if err := c.cl.LeaveGroupContext(ctx); err != nil {
+	stop, cancel := context.WithTimeout(context.Background(), c.o.RevokeTimeout+5*time.Second)
+	defer cancel()
+	if err := c.cl.LeaveGroupContext(stop); err != nil {
 		c.log.Warn("stopping the group membership failed", "err", err)
 	}
+	ctx, cancelLeave := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancelLeave()
 	resps, err := kadm.NewClient(c.cl).LeaveGroup(ctx,
 		kadm.LeaveGroup(c.o.Group).InstanceIDs(c.o.InstanceID).Reason("sidecar stopped"))
 	if err == nil {
