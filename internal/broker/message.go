@@ -40,10 +40,24 @@ type Message struct {
 	// Redelivered is the broker's own flag: this delivery was handed out
 	// before and not settled.
 	Redelivered bool
+	// Event is the CloudEvent a structured-mode message carries (its
+	// content type is StructuredContentType), read from Body at intake; nil
+	// for any other message. Body stays the envelope: copies carry it as it
+	// came. The app gets the event's attributes, and Data as the body.
+	Event *Event
 	// Native is the adapter's own representation of the message. The engine
 	// never looks inside; the adapter that produced it uses it to build copies
 	// with the original headers and properties intact.
 	Native any
+}
+
+// Data is what the app gets as the message's body: a structured-mode
+// event's data, else the body as received.
+func (m *Message) Data() []byte {
+	if m.Event != nil {
+		return m.Event.Data
+	}
+	return m.Body
 }
 
 // Delivery is a message with the handle that settles it. Exactly one of Ack or

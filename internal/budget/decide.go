@@ -45,7 +45,8 @@ const (
 	ReasonDeadline     Reason = "deadline"
 	ReasonDeferExpired Reason = "defer-expired"
 	// ReasonMalformed: a copy the sidecar itself wrote came back with
-	// handoff-* headers it cannot read; it is kept, not guessed at.
+	// handoff-* headers it cannot read, or a message labelled as a
+	// structured CloudEvent is not one; it is kept, not guessed at.
 	ReasonMalformed Reason = "malformed"
 )
 

@@ -50,6 +50,9 @@ type handoff struct {
 	// that attempt fails, given back when it succeeds or is never made.
 	tok budget.Token
 	log *slog.Logger // built on first use: most hand-offs never log
+	// unreadable says why a message labelled as a structured CloudEvent is
+	// not one: it is dead-lettered as malformed, never handed to the app.
+	unreadable error
 }
 
 // logger returns the hand-off's logger, with its source and event id.
@@ -101,6 +104,14 @@ func (h *handoff) run(ctx context.Context) {
 		// although the app never answered this publish.
 		return
 	}
+	if h.unreadable != nil {
+		// After resume, like any failure: a redelivery whose copy is
+		// confirmed is settled, not dead-lettered twice.
+		h.trail.ErrorClass = string(budget.ReasonMalformed)
+		h.trail.Error = "unreadable structured event: " + h.unreadable.Error()
+		h.deadLetter(ctx, budget.ReasonMalformed)
+		return
+	}
 	h.attempt(ctx)
 }
 
@@ -108,6 +119,7 @@ func (h *handoff) run(ctx context.Context) {
 // headers cannot be read returns false, with a trail that explains why and a
 // key of its own, so the bad copy never writes into the real event's history.
 func (h *handoff) readTrail() bool {
+	h.unreadable = readEvent(h.msg)
 	if h.retry {
 		t, err := broker.ParseTrail(h.msg.Headers)
 		if err == nil && t.Hops == 0 {

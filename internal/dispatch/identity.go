@@ -9,11 +9,31 @@ import (
 	"handoff.dev/handoff/internal/broker"
 )
 
+// readEvent reads the CloudEvent of a structured-mode message into m.Event,
+// so that identity and delivery both see the event, not its envelope. It
+// returns why a message labelled structured is not an event; the message is
+// then left as it is (m.Event nil), for the dead-letter queue.
+func readEvent(m *broker.Message) error {
+	if m.Event != nil || !broker.IsStructured(m.ContentType) {
+		return nil
+	}
+	e, err := broker.ParseStructured(m.Body)
+	if err != nil {
+		return err
+	}
+	m.Event = e
+	return nil
+}
+
 // eventID derives a message's stable identity on its first entry (DESIGN §3):
-// its CloudEvents id, else its broker message id, else its log position, else
-// a hash of its content. The last is reported by hashed: two identical
-// messages get one id.
+// its CloudEvents id (a structured event's own, or the binary mode's id
+// header), else its broker message id, else its log position, else a hash of
+// its content. The last is reported by hashed: two identical messages get one
+// id.
 func eventID(m *broker.Message) (id string, hashed bool) {
+	if m.Event != nil {
+		return m.Event.ID, false
+	}
 	if id := ceID(m.Headers); id != "" {
 		return id, false
 	}

@@ -425,10 +425,10 @@ func structured(r *Request) event {
 	// In name order, not the headers' map order: every attempt of a message
 	// sends the same bytes.
 	slices.SortFunc(e.ext, func(a, b attr) int { return strings.Compare(a.name, b.name) })
-	if isJSON(e.DataContentType) && json.Valid(m.Body) {
-		e.data = m.Body
-	} else if len(m.Body) > 0 {
-		e.DataBase64 = m.Body
+	if data := m.Data(); m.Event != nil && m.Event.DataJSON || isJSON(e.DataContentType) && json.Valid(data) {
+		e.data = data
+	} else if len(data) > 0 {
+		e.DataBase64 = data
 	}
 	e.HandoffAttempt = strconv.Itoa(r.Attempt)
 	if !r.Deadline.IsZero() {

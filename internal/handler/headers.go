@@ -65,14 +65,20 @@ func setHeaders(h http.Header, r *Request) {
 	}
 }
 
-// ceAttributes reads a message's headers the way both content modes do:
-// the CloudEvents attributes among them (id and specversion are the
-// sidecar's own), with source, type and datacontenttype resolved against the
-// message and the route. ext gets every other attribute, other (when not
-// nil) every header that is not an attribute. Headers the sidecar owns, and
-// values no header can carry, are left out.
+// ceAttributes is the one place that says which CloudEvents attributes a
+// message has, for every transport and content mode: a structured-mode
+// event's own (read at intake into Message.Event), else those among the
+// message's headers, with source, type and datacontenttype resolved against
+// the message and the route. id and specversion are the sidecar's own
+// (Request.EventID is a structured event's id). ext gets every other
+// attribute, other (when not nil) every header that is not an attribute.
+// Headers the sidecar owns, and values no header can carry, are left out.
+// The data that goes with the attributes is Message.Data.
 func ceAttributes(r *Request, ext func(attr, v string), other func(k, v string)) (source, typ, contentType string) {
 	m := r.Message
+	if m.Event != nil {
+		return eventAttributes(m, ext, other)
+	}
 	contentType = m.ContentType
 	for k, v := range m.Headers {
 		if broker.IsOwned(k) || !validValue(v) {
@@ -108,6 +114,31 @@ func ceAttributes(r *Request, ext func(attr, v string), other func(k, v string))
 		typ = r.Type
 	}
 	return source, typ, contentType
+}
+
+// eventAttributes is ceAttributes for a structured-mode event: its attributes
+// are in the event, and the message's headers that look like attributes are
+// not (the bindings put none there in this mode) and are not passed on.
+func eventAttributes(m *broker.Message, ext func(attr, v string), other func(k, v string)) (source, typ, contentType string) {
+	e := m.Event
+	for _, a := range e.Attrs {
+		if validValue(a.Value) {
+			ext(a.Name, a.Value)
+		}
+	}
+	if other != nil {
+		for k, v := range m.Headers {
+			if _, isAttr := ceAttribute(k); !isAttr && !broker.IsOwned(k) && validValue(v) {
+				other(k, v)
+			}
+		}
+	}
+	contentType = e.DataContentType
+	if contentType == "" && e.DataJSON {
+		// The JSON format's default: data without a datacontenttype is JSON.
+		contentType = "application/json"
+	}
+	return e.Source, e.Type, contentType
 }
 
 // ceAttribute recognises a CloudEvents attribute carried as a message header

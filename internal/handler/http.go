@@ -123,7 +123,7 @@ func (h *HTTP) Deliver(ctx context.Context, r *Request) Result {
 	start := h.now()
 	ctx, cancel := context.WithTimeout(ctx, r.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.url, bytes.NewReader(r.Message.Body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.url, bytes.NewReader(r.Message.Data()))
 	if err != nil {
 		return Result{Outcome: budget.Permanent, Detail: "build request: " + errorDetail(err)}
 	}

@@ -1,0 +1,134 @@
+package handler
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"handoff.dev/handoff/internal/broker"
+)
+
+// structuredRequest is an attempt of a structured-mode message, its event
+// read as intake reads it.
+func structuredRequest(t *testing.T, body string, headers broker.Headers) *Request {
+	t.Helper()
+	ev, err := broker.ParseStructured([]byte(body))
+	if err != nil {
+		t.Fatalf("ParseStructured: %v", err)
+	}
+	return &Request{
+		Message: &broker.Message{Body: []byte(body), ContentType: broker.StructuredContentType + "; charset=utf-8",
+			Type: "amqp.type", Headers: headers, Event: ev},
+		EventID: ev.ID, Source: "urn:handoff:test", Type: "fallback", Attempt: 2,
+		Deadline: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Timeout: 5 * time.Second,
+	}
+}
+
+func TestDeliverStructuredEventInBinaryMode(t *testing.T) {
+	tests := []struct {
+		name        string
+		body        string
+		wantBody    string
+		wantCT      string
+		wantHeaders map[string]string
+	}{
+		{
+			name:     "json data",
+			body:     `{"specversion":"1.0","id":"order-1","source":"/shop","type":"order.placed","subject":"o/1","time":"2026-01-01T00:00:00Z","traceparent":"00-x","tries":3,"data":{"sku":"a"}}`,
+			wantBody: `{"sku":"a"}`,
+			wantCT:   "application/json",
+			wantHeaders: map[string]string{"Ce-Subject": "o/1", "Ce-Time": "2026-01-01T00:00:00Z",
+				"Ce-Traceparent": "00-x", "Ce-Tries": "3", "X-Tenant": "acme"},
+		},
+		{
+			name:        "base64 data",
+			body:        `{"specversion":"1.0","id":"order-1","source":"/shop","type":"order.placed","datacontenttype":"image/png","dataschema":"urn:s","data_base64":"iVBORw=="}`,
+			wantBody:    "\x89PNG",
+			wantCT:      "image/png",
+			wantHeaders: map[string]string{"Ce-Dataschema": "urn:s"},
+		},
+		{
+			name:     "text data",
+			body:     `{"specversion":"1.0","id":"order-1","source":"/shop","type":"order.placed","datacontenttype":"text/plain","data":"hello"}`,
+			wantBody: "hello",
+			wantCT:   "text/plain",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// ce_* headers are not attributes of a structured event: they
+			// are neither attributes nor passed on.
+			r := structuredRequest(t, tt.body, broker.Headers{"x-tenant": "acme", "ce_source": "/forged", "ce_other": "o",
+				"content-type": broker.StructuredContentType, broker.HeaderAttempt: "7"})
+			got := deliverOnce(t, r)
+			if string(got.body) != tt.wantBody {
+				t.Errorf("body = %q, want %q", got.body, tt.wantBody)
+			}
+			wantHeader(t, got.header, "Content-Type", tt.wantCT)
+			wantHeader(t, got.header, "Ce-Id", "order-1")
+			wantHeader(t, got.header, "Ce-Source", "/shop")
+			wantHeader(t, got.header, "Ce-Type", "order.placed")
+			wantHeader(t, got.header, "Ce-Specversion", "1.0")
+			wantHeader(t, got.header, "Handoff-Attempt", "2")
+			for k, v := range tt.wantHeaders {
+				wantHeader(t, got.header, k, v)
+			}
+			if v := got.header.Values("Ce-Other"); len(v) != 0 {
+				t.Errorf("Ce-Other = %q: a ce_ header of a structured message was sent", v)
+			}
+			if string(r.Message.Body) != tt.body {
+				t.Errorf("the message's body changed: %q", r.Message.Body)
+			}
+		})
+	}
+}
+
+func TestBatchCarriesTheStructuredEventItself(t *testing.T) {
+	tests := []struct {
+		name string
+		body string
+		want map[string]any // members beside the handoff* extensions
+	}{
+		{
+			name: "json data",
+			body: `{"specversion":"1.0","id":"order-1","source":"/shop","type":"order.placed","subject":"o/1","tries":3,"data":{"sku":"a"}}`,
+			want: map[string]any{"specversion": "1.0", "id": "order-1", "source": "/shop", "type": "order.placed",
+				"subject": "o/1", "tries": "3", "datacontenttype": "application/json", "data": map[string]any{"sku": "a"}},
+		},
+		{
+			name: "base64 data",
+			body: `{"specversion":"1.0","id":"order-2","source":"/shop","type":"order.placed","datacontenttype":"image/png","data_base64":"iVBORw=="}`,
+			want: map[string]any{"specversion": "1.0", "id": "order-2", "source": "/shop", "type": "order.placed",
+				"datacontenttype": "image/png", "data_base64": "iVBORw=="},
+		},
+		{
+			name: "no data",
+			body: `{"specversion":"1.0","id":"order-3","source":"/shop","type":"order.placed"}`,
+			want: map[string]any{"specversion": "1.0", "id": "order-3", "source": "/shop", "type": "order.placed"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := structuredRequest(t, tt.body, broker.Headers{"x-tenant": "acme", "ce_other": "o"})
+			out, err := encodeBatch([]*Request{r})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var events []map[string]any
+			if err := json.Unmarshal(out, &events); err != nil || len(events) != 1 {
+				t.Fatalf("batch %s: %v", out, err)
+			}
+			got := events[0]
+			for k := range got {
+				if len(k) > 7 && k[:7] == "handoff" {
+					delete(got, k)
+				}
+			}
+			gotJSON, _ := json.Marshal(got)
+			wantJSON, _ := json.Marshal(tt.want)
+			if string(gotJSON) != string(wantJSON) {
+				t.Errorf("event = %s\nwant    %s", gotJSON, wantJSON)
+			}
+		})
+	}
+}
