@@ -120,38 +120,8 @@ const stampLayout = "2006-01-02T15:04:05.000Z07:00"
 func writeTimeline(w io.Writer, k journal.Key, steps []journal.Step) {
 	fmt.Fprintln(w, k)
 	for _, s := range steps {
-		fmt.Fprintf(w, "  %s  %s\n", s.At.UTC().Format(stampLayout), describe(s.Record))
+		fmt.Fprintf(w, "  %s  %s\n", s.At.UTC().Format(stampLayout), s.Text())
 	}
-}
-
-// describe is one line of a timeline.
-func describe(r journal.Record) string {
-	switch r.Kind {
-	case journal.Received:
-		return fmt.Sprintf("received     hop %d", r.Hop)
-	case journal.Attempt:
-		return fmt.Sprintf("attempt %-4d started", r.Attempt)
-	case journal.Outcome:
-		s := fmt.Sprintf("attempt %-4d %s in %s", r.Attempt, budget.Outcome(r.Outcome), r.Latency.Round(time.Microsecond))
-		switch {
-		case r.Detail != "":
-			s += ": " + r.Detail // the evidence, status included
-		case r.Status != 0:
-			s += fmt.Sprintf(" (HTTP %d)", r.Status)
-		}
-		return s
-	case journal.Transferring:
-		return fmt.Sprintf("transferring hop %d → %s (attempt %d, %s)", r.Hop, r.Dest, r.Attempt, r.Detail)
-	case journal.Transferred:
-		return fmt.Sprintf("transferred  hop %d → %s: confirmed", r.Hop, r.Dest)
-	case journal.Settled:
-		return fmt.Sprintf("settled      hop %d: %s", r.Hop, r.Detail)
-	case journal.Released:
-		return fmt.Sprintf("released     hop %d: handed back to the broker", r.Hop)
-	case 0:
-		return "unreadable   " + r.Detail
-	}
-	return r.Kind.String()
 }
 
 type stepJSON struct {

@@ -136,11 +136,10 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 	if err != nil {
 		return &exitError{code: exitConfig, err: fmt.Errorf("outcomes.http: %w", err)}
 	}
-	app, err := handler.NewHTTP(handler.HTTPOptions{
-		URL:            cfg.Handler.URL,
-		MaxConcurrency: cfg.Handler.MaxConcurrency,
-		Classifier:     classifier,
-	})
+	if classifier, err = classifier.WithGRPC(cfg.Outcomes.GRPC); err != nil {
+		return &exitError{code: exitConfig, err: fmt.Errorf("outcomes.grpc: %w", err)}
+	}
+	app, err := newAppClient(cfg.Handler, classifier)
 	if err != nil {
 		return err
 	}

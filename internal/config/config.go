@@ -17,7 +17,8 @@ type Config struct {
 
 // Handler is the app's endpoint.
 type Handler struct {
-	// URL receives each message: http:// or https://.
+	// URL receives each message: http://, https:// or http+unix:// (POST),
+	// grpc://, grpcs:// or grpc+unix:// (handoff.handler.v1.MessageHandler).
 	URL string `yaml:"url"`
 	// Timeout bounds one attempt; the deadline may shorten it.
 	Timeout Duration `yaml:"timeout"`
@@ -115,8 +116,12 @@ type Budget struct {
 
 // Outcomes overrides the default classification of answers.
 type Outcomes struct {
-	// HTTP maps a status ("404") or a class ("5xx") to an outcome name.
+	// HTTP maps a status ("404") or a class ("5xx") to an outcome name, for
+	// an HTTP handler.
 	HTTP map[string]string `yaml:"http"`
+	// GRPC maps a status code name ("NOT_FOUND") to an outcome name, for a
+	// gRPC handler.
+	GRPC map[string]string `yaml:"grpc"`
 }
 
 // Journal is the hand-off journal file.

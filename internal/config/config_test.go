@@ -97,7 +97,7 @@ func TestParseProblems(t *testing.T) {
 	}{
 		{"missing handler url", replace(t, "  url: http://127.0.0.1:8080/events\n", ""), []string{"handler.url: required"}},
 		{"bad url scheme", replace(t, "http://127.0.0.1:8080/events", "ftp://127.0.0.1/x"), []string{"handler.url: scheme \"ftp\""}},
-		{"grpc not yet", replace(t, "http://127.0.0.1:8080/events", "grpc://127.0.0.1:9000"), []string{"handler.url: grpc://"}},
+		{"http outcomes for a grpc handler", replace(t, "http://127.0.0.1:8080/events", "grpc://127.0.0.1:9000"), []string{"outcomes.http: applies to HTTP handlers only"}},
 		{"no sources", replace(t, `sources:
   - name: orders
     rabbitmq:

@@ -11,6 +11,7 @@ import (
 
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/budget"
+	"handoff.dev/handoff/internal/handler"
 	"handoff.dev/handoff/internal/journal"
 	"handoff.dev/handoff/internal/redact"
 )
@@ -59,6 +60,7 @@ func (c *Config) Validate() error {
 	}
 	c.Retry.validate(&ps)
 	c.Budget.validate(&ps)
+	c.validateOutcomesGRPC(&ps)
 	for key, val := range c.Outcomes.HTTP {
 		path := "outcomes.http." + key
 		if !validStatusKey(key) {
@@ -86,17 +88,12 @@ func (c *Config) Validate() error {
 }
 
 func (h *Handler) validate(ps *Problems) {
-	switch u, err := url.Parse(h.URL); {
-	case h.URL == "":
+	if _, err := url.Parse(h.URL); h.URL == "" {
 		ps.add("handler.url", "required")
-	case err != nil:
+	} else if err != nil {
 		ps.add("handler.url", "%s", notAURL(h.URL, err))
-	case u.Scheme == "grpc":
-		ps.add("handler.url", "grpc:// handlers are not supported by this build yet; use http:// or https://")
-	case u.Scheme != "http" && u.Scheme != "https":
-		ps.add("handler.url", "scheme %q not supported; use http:// or https://", u.Scheme)
-	case u.Host == "":
-		ps.add("handler.url", "no host in %q", redact.URL(h.URL))
+	} else if _, err := handler.ParseURL(h.URL); err != nil {
+		ps.add("handler.url", "%v", err)
 	}
 	if h.Timeout <= 0 {
 		ps.add("handler.timeout", "must be positive")

@@ -293,6 +293,9 @@ func (h *handoff) attempt(ctx context.Context) {
 			Deadline:    t.Deadline,
 			Redelivered: h.msg.Redelivered || t.ErrorClass == budget.Unknown.String(),
 			ReplayID:    t.ReplayID,
+			// The attempt's fields the gRPC request carries.
+			FirstAttemptAt: t.FirstAttemptAt,
+			Origin:         t.Origin,
 		}
 		if !h.acquire(ctx, next == 1) {
 			// No call was made: nothing is written, so a redelivery is a

@@ -24,16 +24,18 @@ const BatchContentType = "application/cloudevents-batch+json"
 // maxBatchResponse bounds the response body read for the per-event outcomes.
 const maxBatchResponse = 16 << 20
 
-// Batcher delivers attempts to the app several at a time, in CloudEvents
-// batched mode: one POST whose body is a JSON array of structured events,
-// answered by one outcome per event (see the README for the format). Each
+// Batcher delivers attempts to the app several at a time, in one request of
+// its BatchSender: over HTTP one POST in CloudEvents batched mode (a JSON
+// array of structured events, see the README for the format), over gRPC one
+// HandleBatch call; either is answered by one outcome per event. Each
 // attempt still gets its own Result, so every message keeps its own outcome,
 // attempt count, retry and dead-letter path; a batch that fails as a whole is
 // split until the message that fails it stands alone (see bisect.go). It is
 // safe for concurrent use; Deliver blocks until its attempt's answer is in.
 // Close stops collecting and waits for the batches in flight.
 type Batcher struct {
-	h       *HTTP
+	t       BatchSender
+	now     func() time.Time
 	max     int
 	wait    time.Duration
 	budget  SplitBudget // nil: splits are not paid for
@@ -67,11 +69,31 @@ type BatchOptions struct {
 	MinCall time.Duration
 }
 
-// NewBatcher batches h's deliveries: a batch goes out when it holds
+// BatchSender sends several attempts to the app in one request: *HTTP and
+// *GRPC. Batching, splitting a failed batch, the split budget and the
+// re-batching rule are the Batcher's, the same for every transport. It must
+// be safe for concurrent use.
+type BatchSender interface {
+	// SendBatch makes one request carrying reqs, cancelled with ctx (whose
+	// deadline is the request's timeout). When the app answers event by
+	// event, each holds one Result per request, in order; otherwise whole
+	// is the answer for every one of them, and split says whether it is an
+	// answer that splitting the batch may improve on (bisects).
+	SendBatch(ctx context.Context, reqs []*Request) (each []Result, whole Result, split bool)
+	// Probe reports whether the app accepts connections.
+	Probe(ctx context.Context) error
+}
+
+var (
+	_ BatchSender = (*HTTP)(nil)
+	_ BatchSender = (*GRPC)(nil)
+)
+
+// NewBatcher batches t's deliveries: a batch goes out when it holds
 // o.MaxMessages attempts (fewer for re-attempts, see batchLimit) or o.MaxWait
 // after its first one.
-func NewBatcher(h *HTTP, o BatchOptions) *Batcher {
-	b := &Batcher{h: h, max: max(o.MaxMessages, 1), wait: o.MaxWait, budget: o.Budget, minCall: o.MinCall,
+func NewBatcher(t BatchSender, o BatchOptions) *Batcher {
+	b := &Batcher{t: t, now: time.Now, max: max(o.MaxMessages, 1), wait: o.MaxWait, budget: o.Budget, minCall: o.MinCall,
 		in: make(chan *pending), stop: make(chan struct{}), stopped: make(chan struct{})}
 	go b.collect()
 	return b
@@ -86,7 +108,7 @@ func (b *Batcher) Close() {
 }
 
 // Probe reports whether the app accepts connections.
-func (b *Batcher) Probe(ctx context.Context) error { return b.h.Probe(ctx) }
+func (b *Batcher) Probe(ctx context.Context) error { return b.t.Probe(ctx) }
 
 // Deliver adds r to the next batch and returns its own answer.
 func (b *Batcher) Deliver(ctx context.Context, r *Request) Result {
@@ -229,18 +251,15 @@ type batchResult struct {
 	Status     int             `json:"status"`
 	RetryAfter json.RawMessage `json:"retry_after"`
 	Detail     string          `json:"detail"`
+	twice      bool            // the response answers this id more than once
 }
 
-// post makes one request carrying batch. When the app answers event by
-// event, each holds one Result per attempt, in batch order; otherwise whole
-// is the answer to the request, for every attempt in it, and split says
-// whether it is an answer that splitting the batch may improve on. The request's
-// timeout is the shortest of its attempts' own, cut to the time left before
-// the earliest deadline among them; it is cancelled once no attempt in it
-// has anyone waiting for its answer.
+// post makes one request carrying batch and returns what SendBatch does.
+// The request's timeout is the shortest of its attempts' own, cut to the
+// time left before the earliest deadline among them; it is cancelled once
+// no attempt in it has anyone waiting for its answer.
 func (b *Batcher) post(batch []*pending) (each []Result, whole Result, split bool) {
-	h := b.h
-	start := h.now()
+	start := b.now()
 	timeout := batch[0].r.Timeout
 	reqs := make([]*Request, len(batch))
 	for i, p := range batch {
@@ -249,10 +268,6 @@ func (b *Batcher) post(batch []*pending) (each []Result, whole Result, split boo
 			timeout = min(timeout, p.r.Deadline.Sub(start))
 		}
 		reqs[i] = p.r
-	}
-	body, err := encodeBatch(reqs)
-	if err != nil {
-		return nil, Result{Outcome: budget.Permanent, Detail: "encode batch: " + err.Error()}, false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -265,6 +280,15 @@ func (b *Batcher) post(batch []*pending) (each []Result, whole Result, split boo
 			}
 		})
 		defer stop()
+	}
+	return b.t.SendBatch(ctx, reqs)
+}
+
+// SendBatch POSTs reqs in CloudEvents batched mode.
+func (h *HTTP) SendBatch(ctx context.Context, reqs []*Request) (each []Result, whole Result, split bool) {
+	body, err := encodeBatch(reqs)
+	if err != nil {
+		return nil, Result{Outcome: budget.Permanent, Detail: "encode batch: " + err.Error()}, false
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.url, bytes.NewReader(body))
 	if err != nil {
@@ -298,29 +322,36 @@ func (b *Batcher) post(batch []*pending) (each []Result, whole Result, split boo
 		return nil, Result{Outcome: budget.Unknown, Status: resp.StatusCode, Detail: "batch response unreadable: want {\"results\": [...]}"}, false
 	}
 	byID := make(map[string]batchResult, len(parsed.Results))
-	twice := map[string]bool{}
 	for _, r := range parsed.Results {
 		if _, seen := byID[r.ID]; seen {
-			twice[r.ID] = true // a batch never holds an id twice: which is meant?
+			r.twice = true // a batch never holds an id twice: which is meant?
 		}
 		byID[r.ID] = r
 	}
-	each = make([]Result, len(batch))
-	for i, p := range batch {
-		r, ok := byID[p.r.EventID]
-		switch {
-		case !ok:
-			each[i] = Result{Outcome: budget.Unknown, Status: resp.StatusCode,
-				Detail: "the batch response has no result for this event"}
-		case twice[p.r.EventID]:
-			// Which answer is this event's cannot be known.
-			each[i] = Result{Outcome: budget.Unknown, Status: resp.StatusCode,
-				Detail: "the batch response has two results for this event"}
-		default:
-			each[i] = h.eventResult(r, resp.StatusCode, end, 0)
+	each = make([]Result, len(reqs))
+	for i, req := range reqs {
+		r, ok := byID[req.EventID]
+		if res, matched := matchResult(ok, r.twice); !matched {
+			res.Status = resp.StatusCode
+			each[i] = res
+			continue
 		}
+		each[i] = h.eventResult(r, resp.StatusCode, end, 0)
 	}
 	return each, Result{}, false
+}
+
+// matchResult is the Result of an event whose answer in a batch response is
+// missing or given twice (matched false): unknown, since which answer is
+// this event's, or whether the app handled it, cannot be known.
+func matchResult(found, twice bool) (res Result, matched bool) {
+	switch {
+	case !found:
+		return Result{Outcome: budget.Unknown, Detail: "the batch response has no result for this event"}, false
+	case twice:
+		return Result{Outcome: budget.Unknown, Detail: "the batch response has two results for this event"}, false
+	}
+	return Result{}, true
 }
 
 // encodeBatch writes the attempts as a JSON array of structured events.

@@ -66,7 +66,7 @@ type bisection struct {
 
 // send delivers batch and answers each attempt in it.
 func (b *Batcher) send(batch []*pending) {
-	s := &bisection{b: b, start: b.h.now()}
+	s := &bisection{b: b, start: b.now()}
 	s.extra.Store(int64(splitLimit(len(batch))))
 	s.run(batch, nil)
 }
@@ -114,7 +114,7 @@ func (s *bisection) run(batch []*pending, refund func()) {
 // res: those whose caller stopped waiting, and those too close to their
 // deadline for another request.
 func (s *bisection) sendable(part []*pending, res Result) []*pending {
-	now := s.b.h.now()
+	now := s.b.now()
 	out := make([]*pending, 0, len(part))
 	for _, p := range part {
 		if p.ctx.Err() != nil || !p.r.Deadline.IsZero() && p.r.Deadline.Sub(now) < max(s.b.minCall, time.Millisecond) {
@@ -144,7 +144,7 @@ func (s *bisection) pay() (refund func(), why string) {
 }
 
 func (s *bisection) answer(p *pending, res Result) {
-	res.Latency = s.b.h.now().Sub(s.start)
+	res.Latency = s.b.now().Sub(s.start)
 	p.res <- res
 }
 

@@ -7,15 +7,18 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	"handoff.dev/handoff/internal/budget"
 )
 
-// Classifier maps HTTP answers to outcomes: the default table of DESIGN §4
-// with the operator's overrides applied. It is immutable and safe for
-// concurrent use.
+// Classifier maps the app's answers to outcomes, HTTP and gRPC alike: the
+// default tables of DESIGN §4 with the operator's overrides applied. It is
+// immutable and safe for concurrent use.
 type Classifier struct {
 	status map[int]budget.Outcome
-	class  [6]budget.Outcome // by the first digit of the status
+	class  [6]budget.Outcome             // by the first digit of the status
+	codes  map[codes.Code]budget.Outcome // gRPC; nil is defaultCodes
 }
 
 // NewClassifier builds a classifier from overrides keyed by status ("404") or

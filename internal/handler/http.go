@@ -27,6 +27,11 @@ type Request struct {
 	Source, Type string
 	Attempt      int
 	Deadline     time.Time
+	// FirstAttemptAt is when the message's first attempt started, on any hop.
+	FirstAttemptAt time.Time
+	// Origin is where the message was first consumed: rabbitmq:<queue> or
+	// kafka:<topic>/<partition>/<offset>.
+	Origin string
 	// Redelivered tells the app this event may have reached it before.
 	Redelivered bool
 	ReplayID    string
@@ -57,8 +62,8 @@ type HTTPOptions struct {
 // HTTP delivers messages with POST in CloudEvents binary content mode. It is
 // safe for concurrent use.
 type HTTP struct {
-	url  string
-	addr string // host:port, for Probe
+	url           string
+	network, addr string // tcp host:port or unix path, for Probe
 	// tr makes the calls. Not through an http.Client: a redirect is the
 	// app's answer, classified like any other (3xx is permanent by default),
 	// and following it would turn the POST into a GET elsewhere and ack a
@@ -77,31 +82,41 @@ const evidenceLen = 256
 // reused; a longer body costs a new connection instead.
 const drainLimit = 64 << 10
 
-// NewHTTP returns a client for the app at o.URL.
+// NewHTTP returns a client for the app at o.URL: http://, https://, or
+// http+unix:///path/app.sock (see ParseURL).
 func NewHTTP(o HTTPOptions) (*HTTP, error) {
 	u, err := url.Parse(o.URL)
 	if err != nil {
 		return nil, fmt.Errorf("handler url: %w", redact.Error(err))
 	}
-	addr := u.Host
-	if u.Port() == "" {
-		port := "80"
-		if u.Scheme == "https" {
-			port = "443"
-		}
-		addr = net.JoinHostPort(u.Hostname(), port)
+	tg, err := ParseURL(o.URL)
+	if err != nil {
+		return nil, fmt.Errorf("handler url: %w", err)
 	}
+	if tg.Transport != TransportHTTP {
+		return nil, fmt.Errorf("handler url: %s is not an HTTP handler", redact.URL(o.URL))
+	}
+	target := o.URL
 	n := max(o.MaxConcurrency, 1)
 	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
+	dial := dialer.DialContext
+	if tg.Network == "unix" {
+		// Every request goes to the socket, whatever its URL says; the URL
+		// keeps only the request's path, under a placeholder host.
+		target = "http://localhost" + tg.Path
+		dial = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return dialer.DialContext(ctx, "unix", tg.Addr)
+		}
+	}
 	tr := &http.Transport{
 		Proxy:               nil, // the app is local; never route it through a proxy
-		DialContext:         dialer.DialContext,
+		DialContext:         dial,
 		MaxIdleConns:        n,
 		MaxIdleConnsPerHost: n,
 		IdleConnTimeout:     90 * time.Second,
 		TLSHandshakeTimeout: 5 * time.Second,
 	}
-	return &HTTP{url: o.URL, addr: addr, tr: tr, user: u.User, classifier: o.Classifier, now: time.Now}, nil
+	return &HTTP{url: target, network: tg.Network, addr: tg.Addr, tr: tr, user: u.User, classifier: o.Classifier, now: time.Now}, nil
 }
 
 // Close releases idle connections.
@@ -110,7 +125,7 @@ func (h *HTTP) Close() { h.tr.CloseIdleConnections() }
 // Probe reports whether the app accepts connections.
 func (h *HTTP) Probe(ctx context.Context) error {
 	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", h.addr)
+	conn, err := d.DialContext(ctx, h.network, h.addr)
 	if err != nil {
 		return err
 	}

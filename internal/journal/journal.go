@@ -146,6 +146,8 @@ type Journal struct {
 
 	instanceID string // see InstanceID
 
+	commits commits // the latest group commits' durations, for Stats
+
 	stop chan struct{}
 	wg   sync.WaitGroup
 }
@@ -326,7 +328,10 @@ func (j *Journal) writer() {
 		}
 		err := j.failure()
 		if err == nil {
-			if err = j.commit(batch); err != nil {
+			start := time.Now()
+			err = j.commit(batch)
+			j.commits.record(time.Since(start))
+			if err != nil {
 				j.failMu.Lock()
 				if j.failed == nil {
 					j.failed = fmt.Errorf("journal %s: commit failed: %w", j.path, err)

@@ -105,3 +105,37 @@ func (j *Journal) Scan(f Filter, fn func(Key, []Step) error) error {
 		return flush()
 	})
 }
+
+// Event returns the timeline of every hand-off of one event of one source:
+// the original's first, then each replay's, in replay id order. It is nil
+// when the journal holds none.
+func (j *Journal) Event(source, eventID string) ([][]Step, error) {
+	// The keys of one event's hand-offs share the encoding of its source
+	// and event id, and differ only in the replay id that follows: one
+	// seek finds them all.
+	prefix := Key{Source: source, EventID: eventID}.encode(nil)
+	prefix = prefix[:len(prefix)-1] // the empty replay id's length
+	var out [][]Step
+	err := j.db.View(func(tx *bolt.Tx) error {
+		b := buckets(tx)
+		c := b.ids.Cursor()
+		for k, id := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, id = c.Next() {
+			key, rest, err := decodeKey(k)
+			if err != nil || len(rest) != 0 || len(id) != idLen {
+				return fmt.Errorf("%w: hand-off key", ErrCorrupt)
+			}
+			var steps []Step
+			if _, err := b.each(id, func(seq uint64, v []byte) error {
+				steps = append(steps, Step{Key: key, Seq: seq, Record: decodeOrNote(v)})
+				return nil
+			}); err != nil {
+				return err
+			}
+			if len(steps) > 0 {
+				out = append(out, steps)
+			}
+		}
+		return nil
+	})
+	return out, err
+}

@@ -1,0 +1,49 @@
+package journal
+
+import (
+	"fmt"
+	"time"
+
+	"handoff.dev/handoff/internal/budget"
+)
+
+// Text is the line an operator reads for r in a timeline (`sidecar journal
+// events`, the admin API's event timeline): the same words wherever a
+// timeline is shown.
+func (r Record) Text() string {
+	switch r.Kind {
+	case Received:
+		return fmt.Sprintf("received     hop %d", r.Hop)
+	case Attempt:
+		return fmt.Sprintf("attempt %-4d started", r.Attempt)
+	case Outcome:
+		s := fmt.Sprintf("attempt %-4d %s in %s", r.Attempt, budget.Outcome(r.Outcome), r.Latency.Round(time.Microsecond))
+		switch {
+		case r.Detail != "":
+			s += ": " + r.Detail // the evidence, status included
+		case r.Status != 0:
+			s += fmt.Sprintf(" (HTTP %d)", r.Status)
+		}
+		return s
+	case Transferring:
+		return fmt.Sprintf("transferring hop %d → %s (attempt %d, %s)", r.Hop, r.Dest, r.Attempt, r.Detail)
+	case Transferred:
+		return fmt.Sprintf("transferred  hop %d → %s: confirmed", r.Hop, r.Dest)
+	case Settled:
+		return fmt.Sprintf("settled      hop %d: %s", r.Hop, r.Detail)
+	case Released:
+		return fmt.Sprintf("released     hop %d: handed back to the broker", r.Hop)
+	case 0:
+		return "unreadable   " + r.Detail
+	}
+	return r.Kind.String()
+}
+
+// KindName is r's kind as a timeline names it: "unreadable" for a record
+// that could not be decoded.
+func (r Record) KindName() string {
+	if r.Kind == 0 {
+		return "unreadable"
+	}
+	return r.Kind.String()
+}
