@@ -63,6 +63,7 @@ type Engine struct {
 	keys          *keyLocks
 	order         *sequencer
 	workers       sync.WaitGroup
+	open          map[string]*openSet // by route: deliveries taken, for Status
 
 	fatalMu    sync.Mutex
 	fatal      error
@@ -87,7 +88,16 @@ func New(o Options) *Engine {
 		gate:    newGate(o.Handler.Probe, o.Logger),
 		keys:    newKeyLocks(),
 		order:   newSequencer(),
+		open:    openSets(o.Routes),
 	}
+}
+
+func openSets(routes []Route) map[string]*openSet {
+	m := make(map[string]*openSet, len(routes))
+	for _, r := range routes {
+		m[r.Name] = newOpenSet()
+	}
+	return m
 }
 
 // Ready reports why the engine cannot make progress now, or nil.
@@ -218,8 +228,10 @@ func (e *Engine) admit(intake, work context.Context, r *Route, d broker.Delivery
 		wait, leave = e.order.enter(msg.OrderKey)
 	}
 	e.workers.Add(1)
+	forget := e.open[r.Name].enter(e.now())
 	go func() {
 		defer e.workers.Done()
+		defer forget()
 		defer leave()
 		if wait != nil {
 			select {
