@@ -134,9 +134,16 @@ type Journal struct {
 	Retention Duration `yaml:"retention"`
 }
 
-// Admin is the admin API listener.
+// Admin is the admin API: gRPC and REST/JSON on one listener.
 type Admin struct {
 	Listen string `yaml:"listen"`
+	// TokenFile holds the bearer token every call must carry. The file must
+	// not be readable by group or others. Empty turns the admin API off,
+	// unless AllowAnonymousRead is set.
+	TokenFile string `yaml:"token_file"`
+	// AllowAnonymousRead lets calls that only read (status, events) in
+	// without a token. It is refused on a listener that is not loopback.
+	AllowAnonymousRead bool `yaml:"allow_anonymous_read"`
 }
 
 // Telemetry is the metrics and health listener.

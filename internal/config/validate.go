@@ -79,7 +79,7 @@ func (c *Config) Validate() error {
 	if c.Journal.Retention <= 0 {
 		ps.add("journal.retention", "must be positive")
 	}
-	validateListen("admin.listen", c.Admin.Listen, false, &ps)
+	c.Admin.validate(&ps)
 	validateListen("telemetry.metrics_listen", c.Telemetry.MetricsListen, true, &ps)
 	if c.Shutdown.DrainTimeout < 0 {
 		ps.add("shutdown.drain_timeout", "must not be negative")
