@@ -1,0 +1,27 @@
+// Package admin is the admin API of a running sidecar: the gRPC service
+// handoff.admin.v1.Admin and the same calls as REST/JSON (grpc-gateway),
+// served on one listener, with the OpenAPI document at /v1/openapi.json.
+//
+// One net/http server speaks HTTP/1.1 and unencrypted HTTP/2 (h2c, prior
+// knowledge, as gRPC clients dial). A request that is HTTP/2 with an
+// application/grpc content type goes to the grpc.Server (through its
+// ServeHTTP); every other request goes to the gateway's mux, which calls the
+// same service in process. One port, one accept loop, one shutdown, and no
+// protocol sniffing of the connection's first bytes.
+//
+// Every /v1 call, REST or gRPC, needs "Authorization: Bearer <token>"; the
+// token is compared in constant time (see ReadToken for the file it comes
+// from). A missing or wrong token gets 401 or codes.Unauthenticated with
+// nothing else in the answer. With anonymous reads allowed, a call that only
+// reads may come without a token; one that brings a token must bring the
+// right one. The OpenAPI document is open: it holds no state of the sidecar.
+//
+// # Caveats
+//
+// The listener has no TLS: the token travels in clear. Keep admin.listen on
+// loopback, or put it behind a proxy that terminates TLS.
+//
+// grpc.Server.ServeHTTP lacks some of grpc-go's own transport's features
+// (it ignores keepalive enforcement, for one) and is slower: fine for an
+// operator's calls, not for a data path.
+package admin
