@@ -1,7 +1,8 @@
 // Package handler delivers a message to the app and classifies its answer.
 //
 // HTTP delivery uses CloudEvents binary content mode: the body is the message
-// body, the event's attributes are ce-* headers, and the sidecar adds
+// body (a structured-mode event's data), the event's attributes are ce-*
+// headers (ceAttributes says which, for every transport), and the sidecar adds
 // Handoff-Attempt, Handoff-Deadline and Handoff-Redelivered. The answer — a
 // status code, optionally refined by the Handoff-Outcome and Retry-After
 // response headers — becomes a budget.Outcome in one place, Classifier.
