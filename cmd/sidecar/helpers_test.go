@@ -362,6 +362,7 @@ type sidecar struct {
 	cancel context.CancelFunc
 	done   chan error
 	health string // the health server's address
+	admin  string // the admin API's address, when it is on
 }
 
 func startSidecar(t *testing.T, cfg config.Config) *sidecar {
@@ -383,6 +384,10 @@ func startSidecarWith(t *testing.T, cfg config.Config, hk hooks) *sidecar {
 	}
 	addr := make(chan string, 1)
 	hk.healthAddr = func(a string) { addr <- a }
+	adminAddr := make(chan string, 1)
+	if hk.adminAddr == nil {
+		hk.adminAddr = func(a string) { adminAddr <- a }
+	}
 	go func() { s.done <- serve(ctx, cfg, log, hk) }()
 	t.Cleanup(func() { s.stop(t) })
 	// The sidecar is up once /readyz says every connection is.
@@ -404,6 +409,13 @@ func startSidecarWith(t *testing.T, cfg config.Config, hk hooks) *sidecar {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	})
+	if cfg.Admin.Enabled() {
+		select {
+		case s.admin = <-adminAddr:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no admin server after 10s")
+		}
+	}
 	return s
 }
 

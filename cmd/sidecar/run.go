@@ -122,6 +122,8 @@ type hooks struct {
 	fault func(dispatch.Window, journal.Key) error
 	// beforeCommit is the journal writer's hook (journal.Options.BeforeCommit).
 	beforeCommit func(records int) error
+	// adminAddr is told the admin server's bound address.
+	adminAddr func(string)
 	// part is run as one more part of the sidecar, beside its sources,
 	// health server and engine: a test fails it to see the rest stop.
 	part func(ctx context.Context) error
@@ -144,6 +146,13 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 		return err
 	}
 	defer app.Close()
+
+	// Refused before the journal opens and the brokers are dialled.
+	started := time.Now()
+	adminTok, err := adminToken(cfg.Admin)
+	if err != nil {
+		return err
+	}
 
 	syncMode, _ := journal.ParseSyncMode(cfg.Journal.Sync)
 	jr, recovered, err := journal.Open(cfg.Journal.Path, journal.Options{
@@ -256,6 +265,20 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 		}
 		g.Go(func() error { return part(servers, "health server", hs.Run) })
 	}
+	adm, err := listenAdmin(cfg, adminTok, started, engine, jr, sources, &checks, log)
+	if err != nil {
+		stopBrokers()
+		stopServers()
+		_ = g.Wait()
+		return err
+	}
+	if adm != nil {
+		log.Info("admin API listening", "addr", adm.Addr())
+		if hk.adminAddr != nil {
+			hk.adminAddr(adm.Addr())
+		}
+		g.Go(func() error { return part(servers, "admin server", adm.Run) })
+	}
 	if hk.part != nil {
 		g.Go(func() error { return part(servers, "test part", hk.part) })
 	}
@@ -295,6 +318,9 @@ type source struct {
 	ready func() error
 	run   func(ctx context.Context) error
 	close func()
+	// waiting reads the copies waiting in each retry tier; nil when the
+	// broker cannot say.
+	waiting func(ctx context.Context) ([]int64, error)
 }
 
 func buildSource(sc config.Source, tiers []time.Duration, journalID string, log *slog.Logger) (source, error) {

@@ -51,8 +51,9 @@ func rabbitSource(sc config.Source, tiers []time.Duration, log *slog.Logger) sou
 			return nil
 		},
 		// Run keeps the connection up and closes it when its ctx ends.
-		run:   c.Run,
-		close: func() {},
+		run:     c.Run,
+		close:   func() {},
+		waiting: rabbitWaiting(c),
 	}
 }
 

@@ -17,10 +17,19 @@ func validateCmd() *cobra.Command {
 		Short: "Check a config file and print every problem with its YAML path",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if _, err := loadConfig(path); err != nil {
+			cfg, err := loadConfig(path)
+			if err != nil {
+				return err
+			}
+			// The token file is checked as run checks it: a file others
+			// can read is refused here too.
+			if _, err := adminToken(cfg.Admin); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s: ok\n", path)
+			for _, n := range cfg.Notices() {
+				fmt.Fprintf(cmd.OutOrStdout(), "notice: %s\n", n)
+			}
 			return nil
 		},
 	}
