@@ -118,3 +118,21 @@ func TestUnreadableStructuredEventIsDeadLetteredAsMalformed(t *testing.T) {
 		t.Errorf("copy trail = %v, want reason malformed with its evidence", tr)
 	}
 }
+
+func TestUnreadableStructuredEventIsDeadLetteredOnce(t *testing.T) {
+	r := newRig(t, budget.Success)
+	bad := func() *fakeDelivery {
+		d := r.delivery("")
+		d.msg.ContentType = broker.StructuredContentType
+		d.msg.Body = []byte(`{"id":`)
+		d.msg.Position = "kafka:t/0/11"
+		return d
+	}
+	run(t, r.engine(1, bad()), func() bool { return len(r.snapshot()) == 2 })
+	// The same record again, as after a crash between the confirm and the
+	// commit: the journal knows its copy, so it is settled, not copied twice.
+	run(t, r.engine(1, bad()), func() bool { return len(r.snapshot()) == 3 })
+	if got := kinds(r.snapshot()); len(got) != 3 || got[0] != "transfer" || got[1] != "ack" || got[2] != "ack" {
+		t.Fatalf("events = %v, want transfer, ack, then only an ack", got)
+	}
+}
