@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"time"
 
@@ -21,6 +22,9 @@ import (
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/broker/kafka"
 	"handoff.dev/handoff/internal/config"
+	"handoff.dev/handoff/internal/dispatch"
+	"handoff.dev/handoff/internal/journal"
+	"handoff.dev/handoff/internal/redact"
 )
 
 // devTopic is the demo's source topic; the group is devGroup.
@@ -30,11 +34,7 @@ const (
 )
 
 func devCmd() *cobra.Command {
-	var (
-		messages int
-		every    time.Duration
-		untilEnd bool
-	)
+	var o devOptions
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run the whole pipeline on an embedded Kafka with a demo producer and a demo app that fails some messages",
@@ -42,16 +42,35 @@ func devCmd() *cobra.Command {
 most orders 200, fails some transiently (503, then 200) and rejects some (422),
 and a producer of demo orders; then it runs the real sidecar between them and
 prints what happens to each message: every attempt, its answer, and where the
-message went. Ctrl-C stops it cleanly.`,
+message went. Ctrl-C stops it cleanly.
+
+--handler grpc runs the demo app as a gRPC MessageHandler instead of an HTTP
+endpoint, with the same answers. --app URL hands the orders to your own app
+instead (any handler.url form, e.g. grpc://127.0.0.1:9000): each order is a
+JSON body {"id": ..., "kind": "ok|flaky|bad|down"}.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runDev(cmd.Context(), cmd.OutOrStdout(), messages, every, untilEnd)
+			if o.handler != "http" && o.handler != "grpc" {
+				return &exitError{code: exitConfig, err: fmt.Errorf("--handler: want http or grpc, got %q", o.handler)}
+			}
+			return runDev(cmd.Context(), cmd.OutOrStdout(), o)
 		},
 	}
-	cmd.Flags().IntVar(&messages, "messages", 30, "orders to produce")
-	cmd.Flags().DurationVar(&every, "every", 250*time.Millisecond, "time between orders")
-	cmd.Flags().BoolVar(&untilEnd, "exit-when-done", false, "exit once every order is handled or dead-lettered")
+	cmd.Flags().IntVar(&o.messages, "messages", 30, "orders to produce")
+	cmd.Flags().DurationVar(&o.every, "every", 250*time.Millisecond, "time between orders")
+	cmd.Flags().BoolVar(&o.untilEnd, "exit-when-done", false, "exit once every order is handled or dead-lettered")
+	cmd.Flags().StringVar(&o.handler, "handler", "http", "the demo app's transport: http or grpc")
+	cmd.Flags().StringVar(&o.app, "app", "", "hand the orders to the app at this URL instead of the demo app (http://, grpc://, ...)")
 	return cmd
+}
+
+// devOptions are sidecar dev's flags.
+type devOptions struct {
+	messages int
+	every    time.Duration
+	untilEnd bool
+	handler  string // the demo app's transport
+	app      string // an app of the user's own, instead of the demo app
 }
 
 // devOrder is the demo's message body.
@@ -72,7 +91,8 @@ func devKind(i int) string {
 	return "ok"
 }
 
-func runDev(ctx context.Context, out io.Writer, messages int, every time.Duration, untilEnd bool) error {
+func runDev(ctx context.Context, out io.Writer, o devOptions) error {
+	messages := o.messages
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, devTopic))
 	if err != nil {
 		return fmt.Errorf("embedded kafka: %w", err)
@@ -86,15 +106,36 @@ func runDev(ctx context.Context, out io.Writer, messages int, every time.Duratio
 	}
 	defer os.RemoveAll(dir)
 
-	acct := &devAccount{out: out, start: time.Now(), state: map[string]string{}}
-	app, err := startDevApp(acct)
-	if err != nil {
-		return err
+	acct := &devAccount{out: out, start: time.Now(), state: map[string]string{}, demo: o.app == ""}
+	appURL, appAddr := o.app, redact.URL(o.app)
+	var hk hooks
+	switch {
+	case o.app != "":
+		// Your own app: the account learns what it handled from the sidecar.
+		hk.fault = func(w dispatch.Window, k journal.Key) error {
+			if w == dispatch.WindowHandled {
+				acct.handled(k.EventID)
+			}
+			return nil
+		}
+	case o.handler == "grpc":
+		addr, stop, err := startDevGRPCApp(acct)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		appURL, appAddr = "grpc://"+addr, "grpc://"+addr
+	default:
+		app, err := startDevApp(acct)
+		if err != nil {
+			return err
+		}
+		defer app.Close()
+		appURL, appAddr = "http://"+app.Addr+"/events", app.Addr
 	}
-	defer app.Close()
 
 	cfg := config.Default()
-	cfg.Handler.URL = "http://" + app.Addr + "/events"
+	cfg.Handler.URL = appURL
 	cfg.Handler.Timeout = config.Duration(2 * time.Second)
 	cfg.Handler.MaxConcurrency = 8
 	declare := true
@@ -110,27 +151,31 @@ func runDev(ctx context.Context, out io.Writer, messages int, every time.Duratio
 		return err
 	}
 
-	fmt.Fprintf(out, "Handoff dev: embedded Kafka at %s, topic %s, demo app at %s\n", brokers[0], devTopic, app.Addr)
-	fmt.Fprintf(out, "Orders: most succeed; some fail once (503) then succeed, some are rejected (422), one keeps failing (500).\n")
+	if acct.demo {
+		fmt.Fprintf(out, "Handoff dev: embedded Kafka at %s, topic %s, demo app at %s\n", brokers[0], devTopic, appAddr)
+		fmt.Fprintf(out, "Orders: most succeed; some fail once (busy) then succeed, some are rejected, one keeps failing.\n")
+	} else {
+		fmt.Fprintf(out, "Handoff dev: embedded Kafka at %s, topic %s, your app at %s\n", brokers[0], devTopic, appAddr)
+	}
 	fmt.Fprintf(out, "Retry tiers 1s and 3s, max 4 attempts; dead letters go to %s. Ctrl-C to stop.\n\n", kafka.DeadLetterTopic(devTopic, devGroup))
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	done := make(chan error, 1)
-	go func() { done <- serve(ctx, cfg, log, hooks{}) }()
+	go func() { done <- serve(ctx, cfg, log, hk) }()
 
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		devProduce(ctx, brokers, messages, every, acct)
+		devProduce(ctx, brokers, messages, o.every, acct)
 	}()
 	go func() {
 		defer wg.Done()
 		devWatchDLQ(ctx, brokers, acct)
 	}()
-	if untilEnd {
+	if o.untilEnd {
 		go func() {
 			for ctx.Err() == nil {
 				if acct.finished(messages) {
@@ -156,6 +201,26 @@ type devAccount struct {
 	state    map[string]string // id → ok, dead
 	calls    int
 	produced int
+	demo     bool // the demo app answers, and counts the calls
+}
+
+// called records one call the demo app answered with ans, named by words.
+func (a *devAccount) called(id, attempt, words string, ans devAnswer) {
+	a.line("%s  attempt %s  → %s %s", id, attempt, words, ans.says)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.calls++
+	if ans.handled {
+		a.state[id] = "ok"
+	}
+}
+
+// handled records that an app of the user's own handled id.
+func (a *devAccount) handled(id string) {
+	a.line("%s  handled by the app", id)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.state[id] = "ok"
 }
 
 func (a *devAccount) line(format string, args ...any) {
@@ -181,8 +246,11 @@ func (a *devAccount) totals(messages int) {
 			dead++
 		}
 	}
-	fmt.Fprintf(a.out, "\nTotals: %d produced, %d handled, %d dead-lettered, %d still in flight; %d calls to the app.\n",
-		a.produced, ok, dead, a.produced-ok-dead, a.calls)
+	fmt.Fprintf(a.out, "\nTotals: %d produced, %d handled, %d dead-lettered, %d still in flight", a.produced, ok, dead, a.produced-ok-dead)
+	if a.demo {
+		fmt.Fprintf(a.out, "; %d calls to the app", a.calls)
+	}
+	fmt.Fprintln(a.out, ".")
 }
 
 type devApp struct {
@@ -206,27 +274,11 @@ func startDevApp(acct *devAccount) (*devApp, error) {
 			w.WriteHeader(http.StatusBadRequest)
 			return
 		}
-		acct.mu.Lock()
-		acct.calls++
-		acct.mu.Unlock()
-		switch {
-		case o.Kind == "bad":
-			acct.line("%s  attempt %s  → 422 rejected: the app cannot take it", o.ID, attempt)
-			w.WriteHeader(http.StatusUnprocessableEntity)
-			_, _ = w.Write([]byte("unknown product"))
-		case o.Kind == "down":
-			acct.line("%s  attempt %s  → 500 error: retried until attempts run out", o.ID, attempt)
-			w.WriteHeader(http.StatusInternalServerError)
-		case o.Kind == "flaky" && attempt == "1":
-			acct.line("%s  attempt %s  → 503 busy: retried later", o.ID, attempt)
-			w.WriteHeader(http.StatusServiceUnavailable)
-		default:
-			acct.line("%s  attempt %s  → 200 handled", o.ID, attempt)
-			acct.mu.Lock()
-			acct.state[o.ID] = "ok"
-			acct.mu.Unlock()
-			w.WriteHeader(http.StatusOK)
-		}
+		n, _ := strconv.Atoi(attempt)
+		ans := devDecide(o, n)
+		acct.called(o.ID, attempt, strconv.Itoa(ans.status), ans)
+		w.WriteHeader(ans.status)
+		_, _ = w.Write([]byte(ans.detail))
 	})}
 	go func() { _ = srv.Serve(ln) }()
 	return &devApp{Addr: ln.Addr().String(), srv: srv}, nil

@@ -10,33 +10,46 @@ import (
 	"time"
 )
 
-// sidecar dev runs the real pipeline on kfake and accounts for every order.
+// sidecar dev runs the real pipeline on kfake and accounts for every order,
+// with the demo app over HTTP or over gRPC: the same answers, the same fate.
 func TestDevAccountsForEveryOrder(t *testing.T) {
 	t.Parallel()
-	bin := sidecarBinary(t)
-	var out bytes.Buffer
-	cmd := exec.Command(bin, "dev", "--messages", "24", "--every", "20ms", "--exit-when-done")
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if err := waitExit(t, cmd, 60*time.Second, &out); err != nil {
-		t.Fatalf("sidecar dev: %v\n%s", err, out.String())
-	}
-	m := regexp.MustCompile(`Totals: (\d+) produced, (\d+) handled, (\d+) dead-lettered, (\d+) still in flight`).FindStringSubmatch(out.String())
-	if m == nil {
-		t.Fatalf("no totals line:\n%s", out.String())
-	}
-	n := func(i int) int { v, _ := strconv.Atoi(m[i]); return v }
-	// Orders 5 and 15 (rejected) and 11 and 23 (always 500) are dead
-	// letters; the rest succeed.
-	if n(1) != 24 || n(2) != 20 || n(3) != 4 || n(4) != 0 {
-		t.Errorf("totals = %s, want 24 produced, 20 handled, 4 dead-lettered, 0 in flight\n%s", m[0], out.String())
-	}
-	for _, want := range []string{"503 busy", "attempt 2  → 200 handled", "dead-lettered after 1 attempt(s): permanent", "dead-lettered after 4 attempt(s): max-attempts"} {
-		if !bytes.Contains(out.Bytes(), []byte(want)) {
-			t.Errorf("the account never says %q", want)
-		}
+	for _, tt := range []struct {
+		handler string
+		says    []string
+	}{
+		{"http", []string{"503 busy", "attempt 2  → 200 handled", "dead-lettered after 1 attempt(s): permanent (HTTP 422: unknown product)"}},
+		{"grpc", []string{"RESOURCE_EXHAUSTED busy", "attempt 2  → OK handled", "dead-lettered after 1 attempt(s): permanent (PERMANENT: unknown product)",
+			"(gRPC INTERNAL: database error)"}},
+	} {
+		t.Run(tt.handler, func(t *testing.T) {
+			t.Parallel()
+			bin := sidecarBinary(t)
+			var out bytes.Buffer
+			cmd := exec.Command(bin, "dev", "--handler", tt.handler, "--messages", "24", "--every", "20ms", "--exit-when-done")
+			cmd.Stdout, cmd.Stderr = &out, &out
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			if err := waitExit(t, cmd, 60*time.Second, &out); err != nil {
+				t.Fatalf("sidecar dev: %v\n%s", err, out.String())
+			}
+			m := regexp.MustCompile(`Totals: (\d+) produced, (\d+) handled, (\d+) dead-lettered, (\d+) still in flight`).FindStringSubmatch(out.String())
+			if m == nil {
+				t.Fatalf("no totals line:\n%s", out.String())
+			}
+			n := func(i int) int { v, _ := strconv.Atoi(m[i]); return v }
+			// Orders 5 and 15 (rejected) and 11 and 23 (always failing) are
+			// dead letters; the rest succeed.
+			if n(1) != 24 || n(2) != 20 || n(3) != 4 || n(4) != 0 {
+				t.Errorf("totals = %s, want 24 produced, 20 handled, 4 dead-lettered, 0 in flight\n%s", m[0], out.String())
+			}
+			for _, want := range append(tt.says, "dead-lettered after 4 attempt(s): max-attempts") {
+				if !bytes.Contains(out.Bytes(), []byte(want)) {
+					t.Errorf("the account never says %q", want)
+				}
+			}
+		})
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -168,7 +169,7 @@ func grpcDetail(o handlerv1.Outcome, detail string, err error) string {
 	var s string
 	if err != nil {
 		st := status.Convert(err)
-		s = "gRPC " + codeName(st.Code().String())
+		s = "gRPC " + CodeName(st.Code())
 		if m := st.Message(); m != "" {
 			s += ": " + m
 		}
@@ -184,11 +185,11 @@ func grpcDetail(o handlerv1.Outcome, detail string, err error) string {
 	return s
 }
 
-// codeName spells a code as the proto does (DEADLINE_EXCEEDED, not
+// CodeName spells a code as the proto does (DEADLINE_EXCEEDED, not
 // DeadlineExceeded).
-func codeName(camel string) string {
+func CodeName(code codes.Code) string {
 	var b strings.Builder
-	for i, c := range camel {
+	for i, c := range code.String() {
 		if i > 0 && c >= 'A' && c <= 'Z' {
 			b.WriteByte('_')
 		}

@@ -1,0 +1,60 @@
+package main
+
+import (
+	"bytes"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"testing"
+	"time"
+)
+
+// The gRPC example app (examples/grpc-go) runs against sidecar dev --app, as
+// its README says: every order is handled or dead-lettered by its answers.
+func TestDevAgainstGRPCExample(t *testing.T) {
+	t.Parallel()
+	bin := sidecarBinary(t)
+	example := filepath.Join(t.TempDir(), "grpc-go")
+	if out, err := exec.Command("go", "build", "-o", example, "../../examples/grpc-go").CombinedOutput(); err != nil {
+		t.Fatalf("build the example: %v\n%s", err, out)
+	}
+	addr := freeAddr(t)
+	var appOut bytes.Buffer
+	app := exec.Command(example, "-listen", addr)
+	app.Stdout, app.Stderr = &appOut, &appOut
+	if err := app.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = app.Process.Kill(); _ = app.Wait() })
+	waitFor(t, 20*time.Second, "the example app to listen", func() bool {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+
+	var out bytes.Buffer
+	cmd := exec.Command(bin, "dev", "--app", "grpc://"+addr, "--messages", "12", "--every", "20ms", "--exit-when-done")
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitExit(t, cmd, 60*time.Second, &out); err != nil {
+		t.Fatalf("sidecar dev --app: %v\n%s", err, out.String())
+	}
+	// Order 5 is rejected; the flaky ones (3, 8) are handled on their
+	// second attempt; the rest on their first.
+	if m := regexp.MustCompile(`Totals: 12 produced, 11 handled, 1 dead-lettered, 0 still in flight\.`).FindString(out.String()); m == "" {
+		t.Errorf("want 12 produced, 11 handled, 1 dead-lettered:\n%s\napp:\n%s", out.String(), appOut.String())
+	}
+	for _, want := range []string{"your app at grpc://" + addr, "order-0005  dead-lettered after 1 attempt(s): permanent (PERMANENT: unknown product)", "order-0003  handled by the app"} {
+		if !bytes.Contains(out.Bytes(), []byte(want)) {
+			t.Errorf("the account never says %q:\n%s", want, out.String())
+		}
+	}
+	if !bytes.Contains(appOut.Bytes(), []byte("order order-0003 (event order-0003, attempt 2, redelivered false) handled")) {
+		t.Errorf("the app's log lacks the flaky order's second attempt:\n%s", appOut.String())
+	}
+}
