@@ -46,6 +46,7 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzDecode -fuzztime=30s ./internal/journal/
 	$(GO) test -run='^$$' -fuzz=FuzzKeyDecode -fuzztime=30s ./internal/journal/
 	$(GO) test -run='^$$' -fuzz=FuzzSetHeaders -fuzztime=30s ./internal/handler/
+	$(GO) test -run='^$$' -fuzz=FuzzStructuredHeaders -fuzztime=30s ./internal/handler/
 	$(GO) test -run='^$$' -fuzz=FuzzURL -fuzztime=30s ./internal/redact/
 
 # Benchmarks: hot-path micro-benchmarks, then the harness: the sidecar

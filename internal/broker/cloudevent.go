@@ -59,12 +59,13 @@ func IsStructured(contentType string) bool {
 // requiredAttrs must be present, as non-empty strings, in every event.
 var requiredAttrs = [...]string{"id", "source", "specversion", "type"}
 
-// ParseStructured reads a CloudEvent in the JSON event format (CloudEvents
-// 1.0 §3 of the JSON format). It returns an error wrapping ErrStructured,
-// which says what is wrong, when body is not JSON, is not an object, lacks a
-// required attribute, has an attribute that is not a string, number or
-// boolean, carries both data and data_base64, or speaks a CloudEvents major
-// version other than 1. A member whose value is null is absent.
+// ParseStructured reads a CloudEvent in the CloudEvents JSON event format.
+// It returns an error wrapping ErrStructured, which says what is wrong, when
+// body is not JSON, is not an object, lacks a required attribute, has an
+// attribute that is not a string, number or boolean or a string with a
+// control character, carries both data and data_base64, or speaks a
+// CloudEvents major version other than 1. A member whose value is null is
+// absent.
 func ParseStructured(body []byte) (*Event, error) {
 	var members map[string]json.RawMessage
 	if err := json.Unmarshal(body, &members); err != nil {
@@ -157,7 +158,23 @@ func stringAttr(members map[string]json.RawMessage, name string) (string, error)
 	if err := json.Unmarshal(v, &s); err != nil {
 		return "", fmt.Errorf("%w: attribute %q is not a string", ErrStructured, name)
 	}
+	if !allowedString(s) {
+		return "", fmt.Errorf("%w: attribute %q holds a control character", ErrStructured, name)
+	}
 	return s, nil
+}
+
+// allowedString reports whether s is a CloudEvents String: no control
+// characters (U+0000–U+001F, U+007F–U+009F). Besides being the type system's
+// rule, it keeps every attribute sendable as an HTTP header or gRPC metadata:
+// one that is not would fail every attempt of its event.
+func allowedString(s string) bool {
+	for _, r := range s {
+		if r < 0x20 || r >= 0x7f && r <= 0x9f {
+			return false
+		}
+	}
+	return true
 }
 
 // scalar returns an attribute value as text: a string as it is, a number or
@@ -169,8 +186,13 @@ func scalar(v json.RawMessage) (string, error) {
 		return "", errors.New("no value")
 	case v[0] == '"':
 		var s string
-		err := json.Unmarshal(v, &s)
-		return s, err
+		if err := json.Unmarshal(v, &s); err != nil {
+			return "", err
+		}
+		if !allowedString(s) {
+			return "", errors.New("holds a control character")
+		}
+		return s, nil
 	case string(v) == "true" || string(v) == "false":
 		return string(v), nil
 	case v[0] == '-' || v[0] >= '0' && v[0] <= '9':

@@ -62,6 +62,13 @@ func FuzzStructuredEvent(f *testing.F) {
 		if e.ID == "" || e.Source == "" || e.Type == "" || !strings.HasPrefix(e.SpecVersion, "1") {
 			t.Fatalf("accepted an event without its required attributes: %+v", e)
 		}
+		for _, v := range append([]string{e.ID, e.Source, e.Type, e.SpecVersion, e.DataContentType}, attrValues(e.Attrs)...) {
+			for _, r := range v {
+				if r < 0x20 || r >= 0x7f && r <= 0x9f {
+					t.Fatalf("attribute value %q holds a control character", v)
+				}
+			}
+		}
 		if e.DataJSON && !json.Valid(e.Data) {
 			t.Fatalf("DataJSON but data %q is not JSON", e.Data)
 		}
@@ -119,4 +126,12 @@ func FuzzStructuredEvent(f *testing.F) {
 func jsonEqual(a, b []byte) bool {
 	var x, y bytes.Buffer
 	return json.Compact(&x, a) == nil && json.Compact(&y, b) == nil && bytes.Equal(x.Bytes(), y.Bytes())
+}
+
+func attrValues(attrs []broker.Attr) []string {
+	out := make([]string, len(attrs))
+	for i, a := range attrs {
+		out[i] = a.Value
+	}
+	return out
 }

@@ -142,6 +142,11 @@ func TestParseStructuredRejects(t *testing.T) {
 		{"datacontenttype not a string", `{"id":"1","source":"s","type":"t","specversion":"1.0","datacontenttype":1}`},
 		{"object extension", `{"id":"1","source":"s","type":"t","specversion":"1.0","ext":{"a":1}}`},
 		{"array extension", `{"id":"1","source":"s","type":"t","specversion":"1.0","ext":[]}`},
+		{"control character in id", `{"id":"1\n","source":"s","type":"t","specversion":"1.0"}`},
+		{"control character in source", `{"id":"1","source":"s\r\nX: y","type":"t","specversion":"1.0"}`},
+		{"C1 control in type", `{"id":"1","source":"s","type":"t\u0085","specversion":"1.0"}`},
+		{"tab in datacontenttype", `{"id":"1","source":"s","type":"t","specversion":"1.0","datacontenttype":"a/b;\tx"}`},
+		{"NUL in an extension", `{"id":"1","source":"s","type":"t","specversion":"1.0","ext":"\u0000"}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -2,6 +2,7 @@ package handler
 
 import (
 	"encoding/json"
+	"net/http"
 	"testing"
 	"time"
 
@@ -131,4 +132,55 @@ func TestBatchCarriesTheStructuredEventItself(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzStructuredHeaders: whatever envelope the decoder accepts, binary mode
+// sends only valid headers carrying its attributes, and a batch holds it as
+// a valid structured event with its own id.
+func FuzzStructuredHeaders(f *testing.F) {
+	for _, s := range []string{
+		`{"specversion":"1.0","id":"a","source":"/s","type":"t","data":{"x":1}}`,
+		`{"specversion":"1.0","id":"a b","source":"ü","type":"t","Bad Name":"v","ok":"\u2028","n":1e5,"data_base64":"AA=="}`,
+		`{"specversion":"1.0","id":"a","source":"/s","type":"t","handoffattempt":"9","datacontenttype":"text/plain","data":"x"}`,
+		`{"specversion":"1.0","id":"a","source":"/s","type":"t","content-length":"1","host":"evil"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		ev, err := broker.ParseStructured(body)
+		if err != nil {
+			return
+		}
+		r := &Request{Message: &broker.Message{Body: body, ContentType: broker.StructuredContentType, Event: ev},
+			EventID: ev.ID, Source: "src", Type: "typ", Attempt: 1}
+		h := http.Header{}
+		setHeaders(h, r)
+		for name, vals := range h {
+			if !isToken(name) {
+				t.Errorf("header name %q is not an HTTP token", name)
+			}
+			for _, v := range vals {
+				if !validValue(v) {
+					t.Errorf("header %q has value %q with control characters", name, v)
+				}
+			}
+		}
+		for name, want := range map[string]string{"Ce-Id": ev.ID, "Ce-Source": ev.Source, "Ce-Type": ev.Type, "Handoff-Attempt": "1"} {
+			if got := h.Get(name); got != want {
+				t.Errorf("%s = %q, want %q", name, got, want)
+			}
+		}
+		out, err := encodeBatch([]*Request{r})
+		if err != nil {
+			t.Fatalf("encodeBatch: %v", err)
+		}
+		var events []map[string]json.RawMessage
+		if err := json.Unmarshal(out, &events); err != nil || len(events) != 1 {
+			t.Fatalf("batch %s: %v", out, err)
+		}
+		var id string
+		if err := json.Unmarshal(events[0]["id"], &id); err != nil || id != ev.ID {
+			t.Errorf("batch event id = %s, want %q", events[0]["id"], ev.ID)
+		}
+	})
 }
