@@ -95,3 +95,18 @@ func rabbitWaiting(c *rabbitmq.Client) func(ctx context.Context) ([]int64, error
 		return out, nil
 	}
 }
+
+// kafkaWaiting reads the group's lag on a Kafka source's retry topics.
+func kafkaWaiting(c *kafka.Client) func(ctx context.Context) ([]int64, error) {
+	return func(ctx context.Context) ([]int64, error) {
+		ls, err := c.RetryLag(ctx)
+		if err != nil {
+			return nil, err
+		}
+		out := make([]int64, len(ls))
+		for i, l := range ls {
+			out[i] = l.Lag
+		}
+		return out, nil
+	}
+}

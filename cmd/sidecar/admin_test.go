@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -22,6 +23,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	adminv1 "handoff.dev/handoff/api/admin/v1"
+	"handoff.dev/handoff/internal/broker/brokertest"
 	"handoff.dev/handoff/internal/config"
 )
 
@@ -382,5 +384,40 @@ func TestAdminCLI(t *testing.T) {
 	}
 	if out, err := run("events", "test", "nope", "--admin", s.admin, "--token-file", tok); grpcstatus.Code(err) != codes.NotFound {
 		t.Errorf("events of an unknown event: %v\n%s", err, out)
+	}
+}
+
+// On a Kafka source the status names the topic and counts, per retry tier,
+// the group's lag: the parked copy waits in the 1m tier.
+func TestAdminStatusKafka(t *testing.T) {
+	brokertest.SkipShort(t, "a sidecar")
+	topic := "admin-status"
+	brokers := kafkaCluster(t, topic, 1)
+	a := newApp(t, adminScript)
+	cfg := kafkaConfig(a.url(), brokers, topic, 500*time.Millisecond, time.Minute)
+	cfg.Admin = config.Admin{Listen: "127.0.0.1:0", TokenFile: tokenFile(t, adminTestToken, 0o600)}
+	s := startSidecar(t, cfg)
+	c := grpcAdmin(t, s.admin)
+	produceKafka(t, brokers, &kgo.Record{Topic: topic, Value: []byte("1"), Headers: []kgo.RecordHeader{{Key: "ce_id", Value: []byte("parked")}}})
+	var st *adminv1.Status
+	waitFor(t, 20*time.Second, "the parked copy counted in the 1m tier", func() bool {
+		var err error
+		st, err = c.GetStatus(withAuth("Bearer "+adminTestToken), &adminv1.GetStatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tiers := st.GetSources()[0].GetRetryTiers()
+		return len(tiers) == 2 && tiers[1].GetKnown() && tiers[1].GetWaiting() == 1
+	})
+	src := st.GetSources()[0]
+	if src.GetBroker() != "kafka" || src.GetFrom() != topic || !src.GetConnected() {
+		t.Errorf("source %v", src)
+	}
+	if got, want := src.GetRetryTiers()[1].GetName(), topic+"."+kafkaGroup(topic)+".retry.1m"; got != want {
+		t.Errorf("tier %q, want %q", got, want)
+	}
+	ev, err := c.GetEvent(withAuth("Bearer "+adminTestToken), &adminv1.GetEventRequest{Source: "test", EventId: "parked"})
+	if err != nil || len(ev.GetHandoffs()) != 1 {
+		t.Fatalf("GetEvent: %v, %v", ev, err)
 	}
 }

@@ -134,6 +134,7 @@ func kafkaSource(sc config.Source, tiers []time.Duration, journalID string, log 
 				log.Warn("kafka close: committing offsets failed", "source", sc.Name, "err", err)
 			}
 		},
+		waiting: kafkaWaiting(c),
 	}, nil
 }
 

@@ -1,0 +1,54 @@
+package kafka
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"handoff.dev/handoff/internal/broker"
+)
+
+// The lag of each retry topic counts the copies written to it that the group
+// has not committed past, in tier order.
+func TestRetryLag(t *testing.T) {
+	addrs := cluster(t, "orders")
+	c := newClient(t, addrs, "orders", 500*time.Millisecond, time.Minute)
+	defer c.Close()
+	ctx := context.Background()
+	// The client's view of topics just created (by Declare) takes a while
+	// to catch up.
+	var lags []TierLag
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var err error
+		if lags, err = c.RetryLag(ctx); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(lags) != 2 || lags[0].Lag != 0 || lags[1].Lag != 0 || lags[1].Topic != RetryTopic("orders", "g", time.Minute) {
+		t.Fatalf("before any copy: %+v", lags)
+	}
+	copyTo := func(tier time.Duration, id string) {
+		orig := &kgo.Record{Topic: "orders", Value: []byte("body")}
+		trail := broker.Trail{EventID: id, Attempt: 1, Hops: 1, FirstAttemptAt: time.Now(), Deadline: time.Now().Add(time.Hour), NextDue: time.Now().Add(tier)}
+		if err := c.Transfer(ctx, broker.Destination{Tier: tier}, &broker.Message{Body: orig.Value, Native: orig}, trail.Headers()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	copyTo(500*time.Millisecond, "a")
+	copyTo(time.Minute, "b")
+	copyTo(time.Minute, "c")
+	lags, err := c.RetryLag(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lags[0].Tier != 500*time.Millisecond || lags[0].Lag != 1 || lags[1].Lag != 2 {
+		t.Errorf("lags %+v, want 1 and 2", lags)
+	}
+}
