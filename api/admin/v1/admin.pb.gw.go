@@ -143,7 +143,7 @@ func RegisterAdminHandlerServer(ctx context.Context, mux *runtime.ServeMux, serv
 		var stream runtime.ServerTransportStream
 		ctx = grpc.NewContextWithServerTransportStream(ctx, &stream)
 		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
-		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/handoff.admin.v1.Admin/GetEvent", runtime.WithHTTPPathPattern("/v1/events/{source}/{event_id}"))
+		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/handoff.admin.v1.Admin/GetEvent", runtime.WithHTTPPathPattern("/v1/events/{source}/{event_id=**}"))
 		if err != nil {
 			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
 			return
@@ -218,7 +218,7 @@ func RegisterAdminHandlerClient(ctx context.Context, mux *runtime.ServeMux, clie
 		ctx, cancel := context.WithCancel(req.Context())
 		defer cancel()
 		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
-		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/handoff.admin.v1.Admin/GetEvent", runtime.WithHTTPPathPattern("/v1/events/{source}/{event_id}"))
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/handoff.admin.v1.Admin/GetEvent", runtime.WithHTTPPathPattern("/v1/events/{source}/{event_id=**}"))
 		if err != nil {
 			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
 			return
@@ -236,7 +236,7 @@ func RegisterAdminHandlerClient(ctx context.Context, mux *runtime.ServeMux, clie
 
 var (
 	pattern_Admin_GetStatus_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "status"}, ""))
-	pattern_Admin_GetEvent_0  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 1, 0, 4, 1, 5, 3}, []string{"v1", "events", "source", "event_id"}, ""))
+	pattern_Admin_GetEvent_0  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 3, 0, 4, 1, 5, 3}, []string{"v1", "events", "source", "event_id"}, ""))
 )
 
 var (
