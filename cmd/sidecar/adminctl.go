@@ -158,19 +158,18 @@ func writeStatus(w io.Writer, s *adminv1.Status, now time.Time) {
 		fmt.Fprintf(w, "          the app asked to slow down: calls wait until %s\n", u.AsTime().UTC().Format(time.RFC3339))
 	}
 	b := s.GetBudget()
-	fmt.Fprintf(w, "budget    %.1f tokens, %d re-attempts denied\n", b.GetTokens(), b.GetDenied())
+	fmt.Fprintf(w, "budget    %.2f tokens, %d re-attempts denied\n", b.GetTokens(), b.GetDenied())
 	j := s.GetJournal()
 	fmt.Fprintf(w, "journal   %s, %s, %d open, commit p50 %s max %s\n", j.GetPath(), byteSize(j.GetSizeBytes()), j.GetOpen(),
 		j.GetCommitP50().AsDuration().Round(time.Microsecond), j.GetCommitMax().AsDuration().Round(time.Microsecond))
 	for _, src := range s.GetSources() {
 		fmt.Fprintf(w, "\nsource %s (%s %s)\n", src.GetName(), src.GetBroker(), src.GetFrom())
-		conn := "connected"
-		if !src.GetConnected() {
-			conn = "not connected"
-		}
-		line := conn + ", " + src.GetState()
+		line := src.GetState()
 		if src.GetReason() != "" {
-			line += ": " + src.GetReason()
+			line += ": " + src.GetReason() // says so when not connected
+		}
+		if src.GetConnected() {
+			line = "connected, " + line
 		}
 		fmt.Fprintf(w, "  %s\n", line)
 		fmt.Fprintf(w, "  %d in flight", src.GetInFlight())
