@@ -421,3 +421,31 @@ func TestAdminStatusKafka(t *testing.T) {
 		t.Fatalf("GetEvent: %v, %v", ev, err)
 	}
 }
+
+// validate says when the admin API is off, as a notice: the file is valid.
+func TestValidateSaysTheAdminAPIIsOff(t *testing.T) {
+	tok := tokenFile(t, adminTestToken, 0o600)
+	tests := []struct {
+		name   string
+		admin  string
+		notice bool
+	}{
+		{"no token", "admin: {listen: \"127.0.0.1:9400\"}\n", true},
+		{"a token", "admin: {listen: \"127.0.0.1:9400\", token_file: \"" + tok + "\"}\n", false},
+		{"anonymous reads", "admin: {listen: \"127.0.0.1:9400\", allow_anonymous_read: true}\n", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out bytes.Buffer
+			cmd := rootCmd()
+			cmd.SetArgs([]string{"validate", "--config", writeFile(t, cliValid+tt.admin)})
+			cmd.SetOut(&out)
+			if err := cmd.ExecuteContext(context.Background()); err != nil {
+				t.Fatalf("validate: %v\n%s", err, &out)
+			}
+			if got := strings.Contains(out.String(), "notice: admin API off"); got != tt.notice {
+				t.Errorf("notice %v, want %v:\n%s", got, tt.notice, &out)
+			}
+		})
+	}
+}
