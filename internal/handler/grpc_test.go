@@ -116,7 +116,9 @@ func TestGRPCRequestCarriesWhatHeadersCarry(t *testing.T) {
 	if res.Outcome != budget.Success {
 		t.Fatalf("outcome %v (%s), want success", res.Outcome, res.Detail)
 	}
+	a.mu.Lock()
 	got, md := a.calls[0], a.md[0]
+	a.mu.Unlock()
 	ev := got.GetEvent()
 	if ev.GetId() != "evt-1" || ev.GetSource() != "/kafka/orders" || ev.GetType() != "order.created" || ev.GetSpecVersion() != "1.0" ||
 		ev.GetSubject() != "order-9" || !ev.GetTime().AsTime().Equal(time.Date(2026, 12, 1, 9, 59, 0, 0, time.UTC)) ||
@@ -292,12 +294,16 @@ func TestGRPCTimeoutAndBrokenCallAreUnknown(t *testing.T) {
 	close(release)
 }
 
+func (a *grpcApp) count() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.calls)
+}
+
 func waitCalls(t *testing.T, a *grpcApp, n int) {
 	t.Helper()
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		a.mu.Lock()
-		got := len(a.calls)
-		a.mu.Unlock()
+		got := a.count()
 		if got >= n {
 			return
 		}
@@ -414,5 +420,54 @@ func TestGRPCBatch(t *testing.T) {
 	defer a.mu.Unlock()
 	if last := a.batches[len(a.batches)-1]; !slices.Equal(last, []string{"e-3"}) && len(a.batches) < 3 {
 		t.Errorf("batches %v: the poison was not split out", a.batches)
+	}
+}
+
+// One connection carries every call; an app that allows fewer concurrent
+// streams than calls in flight makes the rest wait, and a call that waits
+// out its timeout for a stream never reached the app: overload, not unknown.
+func TestGRPCNoFreeStreamIsOverload(t *testing.T) {
+	release := make(chan struct{})
+	a := &grpcApp{handle: func(context.Context, *handlerv1.HandleRequest) (*handlerv1.HandleResponse, error) {
+		<-release
+		return &handlerv1.HandleResponse{}, nil
+	}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.MaxConcurrentStreams(1))
+	handlerv1.RegisterMessageHandlerServer(srv, a)
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Stop()
+	g := newGRPCClient(t, "grpc://"+ln.Addr().String(), nil)
+	done := make(chan Result, 1)
+	go func() { done <- g.Deliver(context.Background(), request(&broker.Message{Body: []byte("x")})) }()
+	waitCalls(t, a, 1)
+	r := request(&broker.Message{Body: []byte("y")})
+	r.Timeout = 200 * time.Millisecond
+	if res := g.Deliver(context.Background(), r); res.Outcome != budget.Overload {
+		t.Errorf("no free stream: outcome %v (%s), want overload", res.Outcome, res.Detail)
+	}
+	close(release)
+	if res := <-done; res.Outcome != budget.Success {
+		t.Errorf("the call holding the stream: %v (%s)", res.Outcome, res.Detail)
+	}
+	if n := a.count(); n != 1 {
+		t.Errorf("the app got %d calls, want 1", n)
+	}
+}
+
+// grpcs:// verifies the app's certificate; a handshake that fails means no
+// connection to the app: unreachable, as a refused connection.
+func TestGRPCSHandshakeFailureIsUnreachable(t *testing.T) {
+	a := &grpcApp{}
+	url := serveGRPC(t, a, "tcp") // plaintext: the TLS handshake fails
+	g := newGRPCClient(t, "grpcs://"+url[len("grpc://"):], nil)
+	if res := g.Deliver(context.Background(), request(&broker.Message{Body: []byte("x")})); res.Outcome != budget.Unreachable {
+		t.Errorf("outcome %v (%s), want unreachable", res.Outcome, res.Detail)
+	}
+	if n := a.count(); n != 0 {
+		t.Errorf("the app got %d calls", n)
 	}
 }
