@@ -21,7 +21,8 @@
 // The listener has no TLS: the token travels in clear. Keep admin.listen on
 // loopback, or put it behind a proxy that terminates TLS.
 //
-// grpc.Server.ServeHTTP lacks some of grpc-go's own transport's features
-// (it ignores keepalive enforcement, for one) and is slower: fine for an
-// operator's calls, not for a data path.
+// grpc.Server.ServeHTTP is marked experimental in grpc-go, does not offer
+// every feature of grpc-go's own HTTP/2 transport, and is slower than it:
+// fine for an operator's calls, which is all this port carries. The choice
+// buys one port without a connection multiplexer guessing the protocol.
 package admin
