@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -24,7 +25,7 @@ func adminToken(a config.Admin) ([]byte, error) {
 	}
 	tok, err := admin.ReadToken(a.TokenFile)
 	if err != nil {
-		return nil, &exitError{code: exitConfig, err: err}
+		return nil, &exitError{code: exitConfig, err: fmt.Errorf("admin.token_file: %w", err)}
 	}
 	return tok, nil
 }

@@ -39,7 +39,7 @@ func (f *adminFlags) call(ctx context.Context, fn func(context.Context, adminv1.
 	if f.tokenFile != "" {
 		tok, err := admin.ReadToken(f.tokenFile)
 		if err != nil {
-			return nil, &exitError{code: exitConfig, err: err}
+			return nil, &exitError{code: exitConfig, err: fmt.Errorf("--token-file: %w", err)}
 		}
 		opts = append(opts, grpc.WithPerRPCCredentials(bearer(tok)))
 	}
