@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"testing"
 	"time"
@@ -181,4 +182,59 @@ var codeOutcome = map[codes.Code]handlerv1.Outcome{
 	codes.Unimplemented: handlerv1.Outcome_OUTCOME_PERMANENT, codes.NotFound: handlerv1.Outcome_OUTCOME_PERMANENT,
 	codes.OutOfRange: handlerv1.Outcome_OUTCOME_PERMANENT, codes.PermissionDenied: handlerv1.Outcome_OUTCOME_PERMANENT,
 	codes.Unauthenticated: handlerv1.Outcome_OUTCOME_PERMANENT, codes.AlreadyExists: handlerv1.Outcome_OUTCOME_PERMANENT,
+}
+
+// scriptApp serves an app for transport ("http" or "grpc") that answers by
+// an HTTP script, and returns its recording and handler URL: over gRPC each
+// answer is translated (grpcFromHTTP), so a test written for the HTTP app
+// runs unchanged against a gRPC one.
+func scriptApp(t *testing.T, transport string, respond func(w http.ResponseWriter, c call, prior []call)) (*app, string) {
+	t.Helper()
+	if transport == "http" {
+		a := newApp(t, respond)
+		return a, a.url()
+	}
+	g := newGRPCApp(t, func(c call, prior []call) grpcAnswer {
+		rec := httptest.NewRecorder()
+		respond(rec, c, prior)
+		return grpcFromHTTP(rec)
+	})
+	g.serve(t, "")
+	return g.rec, g.url()
+}
+
+// grpcFromHTTP says over gRPC what an HTTP answer says: Handoff-Outcome as
+// the outcome enum, Retry-After as retry_after, and a status as the status
+// code that the contract maps to the same outcome.
+func grpcFromHTTP(rec *httptest.ResponseRecorder) grpcAnswer {
+	ans := grpcAnswer{detail: rec.Body.String()}
+	if v := rec.Header().Get("Retry-After"); v != "" {
+		secs, _ := strconv.Atoi(v)
+		ans.retryAfter = time.Duration(secs) * time.Second
+	}
+	if o, ok := map[string]handlerv1.Outcome{
+		"success": handlerv1.Outcome_OUTCOME_SUCCESS, "retry": handlerv1.Outcome_OUTCOME_RETRY, "overload": handlerv1.Outcome_OUTCOME_OVERLOAD,
+		"defer": handlerv1.Outcome_OUTCOME_DEFER, "dead-letter": handlerv1.Outcome_OUTCOME_PERMANENT, "drop": handlerv1.Outcome_OUTCOME_DROP,
+	}[rec.Header().Get("Handoff-Outcome")]; ok {
+		ans.outcome = o
+		return ans
+	}
+	switch s := rec.Code; {
+	case s/100 == 2:
+	case s == http.StatusConflict:
+		ans.code = codes.FailedPrecondition
+	case s == http.StatusGone:
+		ans.outcome = handlerv1.Outcome_OUTCOME_DROP // no status code means drop
+	case s == http.StatusTooManyRequests || s == http.StatusServiceUnavailable:
+		if ans.retryAfter > 0 {
+			ans.outcome = handlerv1.Outcome_OUTCOME_OVERLOAD // a status carries no retry_after
+		} else {
+			ans.code = codes.ResourceExhausted
+		}
+	case s/100 == 4:
+		ans.code = codes.InvalidArgument
+	default:
+		ans.code = codes.Internal
+	}
+	return ans
 }

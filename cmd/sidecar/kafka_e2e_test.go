@@ -122,32 +122,36 @@ func header(r *kgo.Record, key string) string {
 func TestKafkaOutcomeContract(t *testing.T) {
 	t.Parallel()
 	for _, b := range kafkaBackends() {
-		t.Run(b.name, func(t *testing.T) {
-			t.Parallel()
-			brokers, topic := b.topic(t, "orders", 3)
-			testKafkaOutcomeContract(t, brokers, topic, false, 0)
-		})
-		// The same contract with batch delivery: every message of a batch
-		// keeps its own outcome, retry and dead-letter path.
-		t.Run(b.name+"/batch", func(t *testing.T) {
-			t.Parallel()
-			brokers, topic := b.topic(t, "batchorders", 3)
-			testKafkaOutcomeContract(t, brokers, topic, false, 8)
-		})
+		// The same contract against an HTTP app and against a gRPC app
+		// that says the same with outcomes and status codes.
+		for _, tr := range []string{"http", "grpc"} {
+			t.Run(b.name+"/"+tr, func(t *testing.T) {
+				t.Parallel()
+				brokers, topic := b.topic(t, "orders", 3)
+				testKafkaOutcomeContract(t, tr, brokers, topic, false, 0)
+			})
+			// The same contract with batch delivery: every message of a batch
+			// keeps its own outcome, retry and dead-letter path.
+			t.Run(b.name+"/"+tr+"/batch", func(t *testing.T) {
+				t.Parallel()
+				brokers, topic := b.topic(t, "batchorders", 3)
+				testKafkaOutcomeContract(t, tr, brokers, topic, false, 8)
+			})
+		}
 		// The same contract with every copy committed in a transaction
 		// together with its record's offset.
 		t.Run(b.name+"/transactional", func(t *testing.T) {
 			t.Parallel()
 			brokers, topic := b.topic(t, "txorders", 3)
-			testKafkaOutcomeContract(t, brokers, topic, true, 0)
+			testKafkaOutcomeContract(t, "http", brokers, topic, true, 0)
 		})
 	}
 }
 
-func testKafkaOutcomeContract(t *testing.T, brokers []string, topic string, transactional bool, batch int) {
+func testKafkaOutcomeContract(t *testing.T, transport string, brokers []string, topic string, transactional bool, batch int) {
 	const tierD = 400 * time.Millisecond
-	a := newApp(t, contractScript)
-	cfg := kafkaConfig(a.url(), brokers, topic, tierD, 2*tierD)
+	a, url := scriptApp(t, transport, contractScript)
+	cfg := kafkaConfig(url, brokers, topic, tierD, 2*tierD)
 	cfg.Retry.MaxAttempts = 3
 	cfg.Sources[0].Kafka.TransactionalTransfer = transactional
 	cfg.Handler.Batch = config.Batch{MaxMessages: batch, MaxWait: config.Duration(20 * time.Millisecond)}

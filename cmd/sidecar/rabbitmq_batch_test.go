@@ -13,12 +13,23 @@ import (
 // The outcome contract with batch delivery on RabbitMQ: one mixed batch,
 // and every message in it keeps its own outcome, attempts, retry and
 // dead-letter path.
+// It runs against an HTTP app and against a gRPC app that says the same with
+// outcomes and status codes.
 func TestRabbitBatchOutcomeContract(t *testing.T) {
 	t.Parallel()
+	for _, tr := range []string{"http", "grpc"} {
+		t.Run(tr, func(t *testing.T) {
+			t.Parallel()
+			testRabbitBatchOutcomeContract(t, tr)
+		})
+	}
+}
+
+func testRabbitBatchOutcomeContract(t *testing.T, transport string) {
 	conn := dialRabbit(t)
 	q := testQueue(t, conn, []time.Duration{tier})
-	a := newApp(t, contractScript)
-	cfg := testConfig(a.url(), q, tier)
+	a, url := scriptApp(t, transport, contractScript)
+	cfg := testConfig(url, q, tier)
 	cfg.Retry.MaxAttempts = 3
 	cfg.Handler.Batch = config.Batch{MaxMessages: 8, MaxWait: config.Duration(50 * time.Millisecond)}
 	s := startSidecar(t, cfg)
