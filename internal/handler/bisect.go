@@ -91,6 +91,18 @@ func (s *bisection) run(batch []*pending, refund func()) {
 		s.answerAll(batch, whole)
 		return
 	}
+	if whole.Outcome == budget.Unknown {
+		// The app may have taken the request before it timed out or broke
+		// off: the halves go again as redeliveries, as any attempt after an
+		// unknown answer does. A copy of each request: the walk owns its own.
+		for _, p := range batch {
+			if !p.r.Redelivered {
+				r := *p.r
+				r.Redelivered = true
+				p.r = &r
+			}
+		}
+	}
 	var halves sync.WaitGroup
 	mid := len(batch) / 2
 	for _, part := range [][]*pending{batch[:mid], batch[mid:]} {

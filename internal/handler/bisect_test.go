@@ -24,21 +24,26 @@ import (
 type poisonApp struct {
 	mu       sync.Mutex
 	requests [][]string
+	// redelivered is each event's handoffredelivered, request by request.
+	redelivered map[string][]string
 }
 
 func newPoisonApp(t *testing.T, whole func(ids []string) int) (*poisonApp, *httptest.Server) {
 	t.Helper()
-	a := &poisonApp{}
+	a := &poisonApp{redelivered: map[string][]string{}}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var events []map[string]any
 		if err := json.NewDecoder(r.Body).Decode(&events); err != nil {
 			t.Errorf("batch body: %v", err)
 		}
 		var ids []string
-		for _, e := range events {
-			ids = append(ids, e["id"].(string))
-		}
 		a.mu.Lock()
+		for _, e := range events {
+			id := e["id"].(string)
+			ids = append(ids, id)
+			flag, _ := e["handoffredelivered"].(string)
+			a.redelivered[id] = append(a.redelivered[id], flag)
+		}
 		a.requests = append(a.requests, ids)
 		a.mu.Unlock()
 		if code := whole(ids); code != 0 {
@@ -330,6 +335,19 @@ func TestBatchSplitOnTimeout(t *testing.T) {
 	checkPoisoned(t, reqs, res, budget.Unknown, poison)
 	if n := app.count(); n != 5 {
 		t.Errorf("%d requests, want 5", n)
+	}
+	// The app may have taken the request that timed out: every event sent
+	// again after it says so, as any attempt after an unknown answer does.
+	app.mu.Lock()
+	defer app.mu.Unlock()
+	for _, r := range reqs {
+		flags := app.redelivered[r.EventID]
+		if len(flags) < 2 || flags[0] != "false" || slices.ContainsFunc(flags[1:], func(f string) bool { return f != "true" }) {
+			t.Errorf("%s: handoffredelivered %v request by request, want false, then true each time it went again", r.EventID, flags)
+		}
+		if r.Redelivered {
+			t.Errorf("%s: the caller's request was changed; the split must send a copy", r.EventID)
+		}
 	}
 }
 
