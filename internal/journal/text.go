@@ -2,6 +2,7 @@ package journal
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"handoff.dev/handoff/internal/budget"
@@ -20,7 +21,7 @@ func (r Record) Text() string {
 		s := fmt.Sprintf("attempt %-4d %s in %s", r.Attempt, budget.Outcome(r.Outcome), r.Latency.Round(time.Microsecond))
 		switch {
 		case r.Detail != "":
-			s += ": " + r.Detail // the evidence, status included
+			s += ": " + oneLine(r.Detail) // the evidence, status included
 		case r.Status != 0:
 			s += fmt.Sprintf(" (HTTP %d)", r.Status)
 		}
@@ -47,3 +48,10 @@ func (r Record) KindName() string {
 	}
 	return r.Kind.String()
 }
+
+// lineBreaks are written as escapes: an app's error page in the evidence
+// must not break a timeline into lines that read as records.
+var lineBreaks = strings.NewReplacer("\r", `\r`, "\n", `\n`)
+
+// oneLine is s on one line.
+func oneLine(s string) string { return lineBreaks.Replace(s) }
