@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -48,10 +49,17 @@ func (a *authorizer) allow(header string, read bool) bool {
 	return subtle.ConstantTimeCompare(s[:], a.sum) == 1
 }
 
-// readMethods are the gRPC methods that only read.
-var readMethods = map[string]bool{
+// anonymousMethods are the gRPC methods a caller without a token may call
+// when anonymous reads are allowed: the status, which holds no message
+// data. An event's timeline does not qualify: its evidence quotes the app's
+// answers, which may hold personal data.
+var anonymousMethods = map[string]bool{
 	"/handoff.admin.v1.Admin/GetStatus": true,
-	"/handoff.admin.v1.Admin/GetEvent":  true,
+}
+
+// anonymousPatterns are the REST routes of anonymousMethods (admin.yaml).
+var anonymousPatterns = map[string]bool{
+	"/v1/status": true,
 }
 
 // errUnauthenticated is every refused gRPC call's answer: the code and
@@ -67,7 +75,7 @@ func (a *authorizer) grpcAllow(ctx context.Context, method string) bool {
 			return false // which one would count is a guess: none does
 		}
 	}
-	return a.allow(header, readMethods[method])
+	return a.allow(header, anonymousMethods[method])
 }
 
 func (a *authorizer) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
@@ -84,25 +92,57 @@ func (a *authorizer) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 	return next(srv, ss)
 }
 
-// rest guards the REST calls: an unauthorized one gets 401 with an empty
-// body. GET and HEAD only read.
+// restHeader is a request's Authorization header; several count as a wrong
+// one, since which would count is a guess.
+func restHeader(r *http.Request) string {
+	switch vals := r.Header.Values("Authorization"); len(vals) {
+	case 0:
+		return ""
+	case 1:
+		return vals[0]
+	}
+	return "\x00"
+}
+
+// refuse is every refused REST call's answer: 401 and nothing else.
+func refuse(w http.ResponseWriter) {
+	w.Header().Set("WWW-Authenticate", "Bearer")
+	w.WriteHeader(http.StatusUnauthorized)
+}
+
+// rest guards every REST path, whatever it decodes to: a call with a token
+// must bring the right one, and one without gets past only when anonymous
+// reads are allowed — and then only to the calls restCall lets through.
+// It sits in front of the whole gateway: the gateway decodes escaped paths
+// (/v1%2Fstatus) into routes that a guard on the "/v1/" prefix would miss.
 func (a *authorizer) rest(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		vals := r.Header.Values("Authorization")
-		header := ""
-		switch len(vals) {
-		case 0:
-		case 1:
-			header = vals[0]
-		default:
-			header = "\x00" // several: none counts
+		header := restHeader(r)
+		if header == "" && a.anonymousRead {
+			next.ServeHTTP(w, r)
+			return
 		}
-		read := r.Method == http.MethodGet || r.Method == http.MethodHead
-		if !a.allow(header, read) {
-			w.Header().Set("WWW-Authenticate", "Bearer")
-			w.WriteHeader(http.StatusUnauthorized)
+		if !a.allow(header, false) {
+			refuse(w)
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// restCall is the gateway's middleware: it decides by the route a call was
+// matched to, as the gRPC side decides by method, so that an anonymous read
+// reaches the status only.
+func (a *authorizer) restCall(next runtime.HandlerFunc) runtime.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
+		anonymous := false
+		if pat, ok := runtime.HTTPPattern(r.Context()); ok {
+			anonymous = anonymousPatterns[pat.String()]
+		}
+		if !a.allow(restHeader(r), anonymous) {
+			refuse(w)
+			return
+		}
+		next(w, r, params)
+	}
 }

@@ -154,6 +154,7 @@ func TestServerAuth(t *testing.T) {
 		{"right token", tok, false, "Bearer " + tok, true},
 		{"anonymous read", "", true, "", true},
 		{"anonymous read with a wrong token", tok, true, "Bearer nope", false},
+		{"anonymous read, token set", tok, true, "", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -223,5 +224,51 @@ func TestServerOpenAPIAndUnknownPaths(t *testing.T) {
 	}
 	if code := get("/v1/events/elsewhere/e1", "Bearer tok"); code != http.StatusNotFound {
 		t.Errorf("an unknown source's event: %d, want 404", code)
+	}
+	// Escaped slashes decode to the same routes past the HTTP mux: the
+	// guard must see them too.
+	for _, path := range []string{"/v1%2Fstatus", "/v1%2Fevents%2Forders%2Fe1", "/v1/events%2Forders%2Fe1", "/%761/status"} {
+		if code := get(path, ""); code != http.StatusUnauthorized {
+			t.Errorf("%s without a token: %d, want 401", path, code)
+		}
+		if code := get(path, "Bearer nope"); code != http.StatusUnauthorized {
+			t.Errorf("%s with a wrong token: %d, want 401", path, code)
+		}
+	}
+}
+
+// Anonymous reads, where allowed, reach the status and nothing else: an
+// event's timeline quotes the app's answers. The same on REST, by any
+// spelling of the path, and on gRPC.
+func TestAnonymousReadIsTheStatusOnly(t *testing.T) {
+	addr := serve(t, "tok", true)
+	get := func(path string) int {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := get("/v1/status"); code != http.StatusOK {
+		t.Errorf("anonymous status: %d, want 200", code)
+	}
+	for _, path := range []string{"/v1/events/orders/e1", "/v1%2Fevents%2Forders%2Fe1"} {
+		if code := get(path); code != http.StatusUnauthorized {
+			t.Errorf("anonymous %s: %d, want 401", path, code)
+		}
+	}
+	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := adminv1.NewAdminClient(conn)
+	if _, err := c.GetStatus(context.Background(), &adminv1.GetStatusRequest{}); err != nil {
+		t.Errorf("anonymous gRPC status: %v", err)
+	}
+	_, err = c.GetEvent(context.Background(), &adminv1.GetEventRequest{Source: "orders", EventId: "e1"})
+	if st, _ := grpcstatus.FromError(err); st.Code() != codes.Unauthenticated {
+		t.Errorf("anonymous gRPC event: %v, want Unauthenticated", err)
 	}
 }

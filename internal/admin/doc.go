@@ -12,9 +12,11 @@
 // Every /v1 call, REST or gRPC, needs "Authorization: Bearer <token>"; the
 // token is compared in constant time (see ReadToken for the file it comes
 // from). A missing or wrong token gets 401 or codes.Unauthenticated with
-// nothing else in the answer. With anonymous reads allowed, a call that only
-// reads may come without a token; one that brings a token must bring the
-// right one. The OpenAPI document is open: it holds no state of the sidecar.
+// nothing else in the answer. With anonymous reads allowed, the status may
+// be asked without a token (nothing else: an event's timeline quotes the
+// app's answers); a call that brings a token must bring the right one. The
+// REST guard stands in front of every path, not only "/v1/": the gateway
+// decodes escaped slashes into routes. The OpenAPI document is open: it holds no state of the sidecar.
 //
 // # Caveats
 //

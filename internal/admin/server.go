@@ -72,15 +72,14 @@ func Listen(o Options) (*Server, error) {
 
 	// The gateway calls the service in process, without a gRPC hop, so
 	// the gRPC interceptors never see its calls: the REST side has its own
-	// guard.
-	gw := runtime.NewServeMux()
+	// guard, in front of every path and again on every route.
+	gw := runtime.NewServeMux(runtime.WithMiddlewares(auth.restCall))
 	if err := adminv1.RegisterAdminHandlerServer(context.Background(), gw, svc); err != nil {
 		return nil, fmt.Errorf("admin gateway: %w", err)
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/openapi.json", openAPI)
-	mux.Handle("/v1/", auth.rest(gw))
-	mux.Handle("/", gw) // the gateway's own 404 for anything else
+	mux.Handle("/", auth.rest(gw)) // the gateway's own 404 past the guard
 
 	ln, err := net.Listen("tcp", o.Listen)
 	if err != nil {

@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"context"
 	"net/http"
 	"sync"
 	"testing"
@@ -27,12 +28,20 @@ func (j *askedJournal) Event(_, id string) ([][]journal.Step, error) {
 // any other character, as it is or percent-encoded.
 func TestEventIDsInTheRESTPath(t *testing.T) {
 	j := &askedJournal{}
-	s, err := Listen(Options{Listen: "127.0.0.1:0", AllowAnonymousRead: true, Engine: fakeEngine{}, Journal: j,
+	s, err := Listen(Options{Listen: "127.0.0.1:0", Token: []byte("tok"), Engine: fakeEngine{}, Journal: j,
 		Sources: []Source{{Name: "orders"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = s.Run(t.Context()) }()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
 	tests := []struct{ path, id string }{
 		{"kafka:orders/0/42", "kafka:orders/0/42"},
 		{"kafka:orders%2F0%2F42", "kafka:orders/0/42"},
@@ -46,7 +55,9 @@ func TestEventIDsInTheRESTPath(t *testing.T) {
 		j.mu.Lock()
 		j.ids = nil
 		j.mu.Unlock()
-		resp, err := http.Get("http://" + s.Addr() + "/v1/events/orders/" + tt.path)
+		req, _ := http.NewRequest(http.MethodGet, "http://"+s.Addr()+"/v1/events/orders/"+tt.path, nil)
+		req.Header.Set("Authorization", "Bearer tok")
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -141,8 +141,9 @@ type Admin struct {
 	// not be readable by group or others. Empty turns the admin API off,
 	// unless AllowAnonymousRead is set.
 	TokenFile string `yaml:"token_file"`
-	// AllowAnonymousRead lets calls that only read (status, events) in
-	// without a token. It is refused on a listener that is not loopback.
+	// AllowAnonymousRead lets the status in without a token (not an event's
+	// timeline, whose evidence quotes the app). It is refused on a listener
+	// that is not loopback.
 	AllowAnonymousRead bool `yaml:"allow_anonymous_read"`
 }
 
