@@ -104,8 +104,9 @@ const (
 // with is classified by code (Code); one the transport made up is about how
 // far the call got: never sent and no connection to the app is
 // Unreachable (hold, burn no attempt), exactly as a refused HTTP
-// connection; never sent on a live connection is Overload (the app's
-// SETTINGS_MAX_CONCURRENT_STREAMS is full); sent without an answer is
+// connection; never sent on a live connection for want of a stream is
+// Overload (the app's SETTINGS_MAX_CONCURRENT_STREAMS is full), and for any
+// other reason is classified by its code; sent without an answer is
 // Unknown. retryAfter is the response's retry_after, or a status's
 // google.rpc.RetryInfo.
 func (c *Classifier) GRPC(resp handlerv1.Outcome, respAfter time.Duration, err error, reach callReach, connected bool) (budget.Outcome, time.Duration) {
@@ -115,10 +116,18 @@ func (c *Classifier) GRPC(resp handlerv1.Outcome, respAfter time.Duration, err e
 	st := status.Convert(err)
 	switch reach {
 	case notSent:
-		if connected && st.Code() == codes.DeadlineExceeded {
+		switch {
+		case !connected || st.Code() == codes.Unavailable:
+			return budget.Unreachable, 0
+		case st.Code() == codes.DeadlineExceeded:
 			return budget.Overload, 0
 		}
-		return budget.Unreachable, 0
+		// Refused on a live connection before it went out (a header list
+		// the app's limits reject, a message over the size limit): about
+		// this message, not the app. Unreachable would hold intake and
+		// try it again for ever, the probe passing each time; the code
+		// table spends its attempts instead.
+		return c.Code(st.Code()), 0
 	case sent:
 		return budget.Unknown, 0
 	}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -469,5 +470,38 @@ func TestGRPCSHandshakeFailureIsUnreachable(t *testing.T) {
 	}
 	if n := a.count(); n != 0 {
 		t.Errorf("the app got %d calls", n)
+	}
+}
+
+// A call that grpc-go refuses to send on a live connection — its header
+// list is over what the app's server takes — is about that message, not
+// the app: classified by its code (INTERNAL: retry), never unreachable,
+// which would hold intake and try the same message again for ever while
+// the probe kept passing.
+func TestGRPCRefusedBeforeSendingOnALiveConnection(t *testing.T) {
+	a := &grpcApp{}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.MaxHeaderListSize(1024))
+	handlerv1.RegisterMessageHandlerServer(srv, a)
+	served := make(chan struct{})
+	go func() { defer close(served); _ = srv.Serve(ln) }()
+	defer func() { srv.Stop(); <-served }()
+	g := newGRPCClient(t, "grpc://"+ln.Addr().String(), nil)
+	if res := g.Deliver(context.Background(), request(&broker.Message{Body: []byte("x")})); res.Outcome != budget.Success {
+		t.Fatalf("a small call: %v (%s)", res.Outcome, res.Detail)
+	}
+	big := request(&broker.Message{Body: []byte("y"), Headers: broker.Headers{"tracestate": strings.Repeat("k=v,", 1024)}})
+	res := g.Deliver(context.Background(), big)
+	if res.Outcome != budget.Retry {
+		t.Errorf("a call over the app's header limit: %v (%s), want retry", res.Outcome, res.Detail)
+	}
+	if err := g.Probe(context.Background()); err != nil {
+		t.Errorf("probe: %v; the app is up", err)
+	}
+	if n := a.count(); n != 1 {
+		t.Errorf("the app got %d calls, want the 1 small one", n)
 	}
 }
