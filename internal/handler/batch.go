@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/budget"
@@ -185,7 +186,7 @@ func (b *Batcher) collect() {
 		case p := <-b.in:
 			limit := b.batchLimit(p.r)
 			g := open[limit]
-			if g != nil && g.ids[p.r.EventID] {
+			if g != nil && g.ids[wireID(p.r.EventID)] {
 				send(limit)
 				g = nil
 			}
@@ -194,7 +195,7 @@ func (b *Batcher) collect() {
 				open[limit] = g
 			}
 			g.batch = append(g.batch, p)
-			g.ids[p.r.EventID] = true
+			g.ids[wireID(p.r.EventID)] = true
 			if len(g.batch) >= limit {
 				send(limit)
 			}
@@ -330,7 +331,7 @@ func (h *HTTP) SendBatch(ctx context.Context, reqs []*Request) (each []Result, w
 	}
 	each = make([]Result, len(reqs))
 	for i, req := range reqs {
-		r, ok := byID[req.EventID]
+		r, ok := byID[wireID(req.EventID)]
 		if res, matched := matchResult(ok, r.twice); !matched {
 			res.Status = resp.StatusCode
 			each[i] = res
@@ -438,7 +439,7 @@ func (h *HTTP) eventResult(r batchResult, status int, now time.Time, latency tim
 // CloudEvents attributes have no place in structured mode and are left out.
 func structured(r *Request) event {
 	m := r.Message
-	e := event{SpecVersion: SpecVersion, ID: r.EventID}
+	e := event{SpecVersion: SpecVersion, ID: wireID(r.EventID)}
 	e.Source, e.Type, e.DataContentType = ceAttributes(r, func(name, v string) {
 		if fieldAttrs[name] || !validAttr(name) {
 			return
@@ -488,4 +489,15 @@ func isJSON(contentType string) bool {
 	ct, _, _ := strings.Cut(contentType, ";")
 	ct = strings.ToLower(strings.TrimSpace(ct))
 	return ct == "application/json" || strings.HasSuffix(ct, "+json")
+}
+
+// wireID is an event id as a batch carries it: JSON and protobuf strings
+// are UTF-8, so each run of invalid bytes becomes U+FFFD. A batch keeps its
+// ids unique by it and matches answers by it: two ids that differ only in
+// invalid bytes look alike to the app, and one answer must not settle both.
+func wireID(id string) string {
+	if utf8.ValidString(id) {
+		return id
+	}
+	return strings.ToValidUTF8(id, "\uFFFD")
 }

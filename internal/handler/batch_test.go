@@ -389,3 +389,36 @@ func TestBatchCallCancelledWhenNobodyWaits(t *testing.T) {
 	}
 	<-cancelled
 }
+
+// Event ids that are not UTF-8 reach the app with U+FFFD in place of their
+// bad bytes, in JSON and in protobuf alike: the batch matches the app's
+// answer on that spelling, and two ids that differ only in bad bytes never
+// share a batch, where one answer would settle both.
+func TestBatchIDsAsTheWireCarriesThem(t *testing.T) {
+	app, srv := newPoisonApp(t, func([]string) int { return 0 })
+	b := NewBatcher(newClient(t, srv.URL, 4), BatchOptions{MaxMessages: 4, MaxWait: 50 * time.Millisecond})
+	defer b.Close()
+	reqs := []*Request{attempt("id\xff", nil, ""), attempt("id\xfe", nil, ""), attempt("ok", nil, "")}
+	res := deliverAll(b, reqs...)
+	for i, r := range res {
+		if r.Outcome != budget.Success {
+			t.Errorf("%q: %v (%s), want success", reqs[i].EventID, r.Outcome, r.Detail)
+		}
+	}
+	app.mu.Lock()
+	defer app.mu.Unlock()
+	for _, ids := range app.requests {
+		n := 0
+		for _, id := range ids {
+			if id == "id\uFFFD" {
+				n++
+			}
+		}
+		if n > 1 {
+			t.Errorf("one request carried %d events the app knows as %q: %v", n, "id\uFFFD", app.requests)
+		}
+	}
+	if len(app.requests) < 2 {
+		t.Errorf("%d requests, want at least 2: the two ids alike on the wire cannot share one", len(app.requests))
+	}
+}

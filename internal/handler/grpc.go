@@ -262,12 +262,7 @@ func grpcRequest(r *Request) *handlerv1.HandleRequest {
 // An AMQP message id is bytes; the rare one that is not UTF-8 reaches the
 // app with U+FFFD in place of its bad bytes (and a batch matches the app's
 // answer on that spelling).
-func text(s string) string {
-	if utf8.ValidString(s) {
-		return s
-	}
-	return strings.ToValidUTF8(s, "\uFFFD")
-}
+func text(s string) string { return wireID(s) }
 
 // attemptMetadata is the call's metadata: the attempt's fields and the
 // message's trace context.
