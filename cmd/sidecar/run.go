@@ -184,7 +184,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 		checks  []telemetry.Check
 	)
 	for _, sc := range cfg.Sources {
-		src, err := buildSource(sc, policy.Tiers, jr.InstanceID(), log)
+		src, err := buildSource(sc, policy.Tiers, cfg.DeadLetter.Retention.D(), jr.InstanceID(), log)
 		if err != nil {
 			for _, b := range sources {
 				b.close()
@@ -323,12 +323,14 @@ type source struct {
 	waiting func(ctx context.Context) ([]int64, error)
 }
 
-func buildSource(sc config.Source, tiers []time.Duration, journalID string, log *slog.Logger) (source, error) {
+// deadLetterRetention applies to the dead-letter destinations the sidecar
+// creates.
+func buildSource(sc config.Source, tiers []time.Duration, deadLetterRetention time.Duration, journalID string, log *slog.Logger) (source, error) {
 	switch {
 	case sc.RabbitMQ != nil:
 		return rabbitSource(sc, tiers, log), nil
 	case sc.Kafka != nil:
-		return kafkaSource(sc, tiers, journalID, log)
+		return kafkaSource(sc, tiers, deadLetterRetention, journalID, log)
 	}
 	return source{}, &exitError{code: exitConfig, err: fmt.Errorf("source %q: no broker configured", sc.Name)}
 }

@@ -59,22 +59,24 @@ func rabbitSource(sc config.Source, tiers []time.Duration, log *slog.Logger) sou
 
 // kafkaSource builds a Kafka source; journalID is the journal's instance id,
 // on which the source's group membership and transactions are built.
-func kafkaSource(sc config.Source, tiers []time.Duration, journalID string, log *slog.Logger) (source, error) {
+func kafkaSource(sc config.Source, tiers []time.Duration, deadLetterRetention time.Duration, journalID string, log *slog.Logger) (source, error) {
 	k := sc.Kafka
 	member := groupInstanceID(sc.Name, k, journalID)
 	o := kafka.Options{
-		Name:           sc.Name,
-		Brokers:        k.Brokers,
-		Topic:          k.Topic,
-		Group:          k.Group,
-		Tiers:          tiers,
-		Declare:        *k.Declare,
-		Ordering:       k.Ordering,
-		MaxInFlight:    k.MaxInFlight,
-		FetchMaxBytes:  int32(k.FetchMaxBytes),
-		SessionTimeout: k.SessionTimeout.D(),
-		InstanceID:     member,
-		Logger:         log,
+		Name:    sc.Name,
+		Brokers: k.Brokers,
+		Topic:   k.Topic,
+		Group:   k.Group,
+		Tiers:   tiers,
+		Declare: *k.Declare,
+		// Applies when the sidecar creates the dead-letter topic.
+		DeadLetterRetention: deadLetterRetention,
+		Ordering:            k.Ordering,
+		MaxInFlight:         k.MaxInFlight,
+		FetchMaxBytes:       int32(k.FetchMaxBytes),
+		SessionTimeout:      k.SessionTimeout.D(),
+		InstanceID:          member,
+		Logger:              log,
 	}
 	if k.TransactionalTransfer {
 		o.TransactionalID = transactionalID(sc.Name, k.Group, member)

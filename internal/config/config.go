@@ -4,15 +4,17 @@ import "time"
 
 // Config is the whole sidecar configuration file.
 type Config struct {
-	Handler   Handler   `yaml:"handler"`
-	Sources   []Source  `yaml:"sources"`
-	Retry     Retry     `yaml:"retry"`
-	Budget    Budget    `yaml:"budget"`
-	Outcomes  Outcomes  `yaml:"outcomes"`
-	Journal   Journal   `yaml:"journal"`
-	Admin     Admin     `yaml:"admin"`
-	Telemetry Telemetry `yaml:"telemetry"`
-	Shutdown  Shutdown  `yaml:"shutdown"`
+	Handler  Handler  `yaml:"handler"`
+	Sources  []Source `yaml:"sources"`
+	Retry    Retry    `yaml:"retry"`
+	Budget   Budget   `yaml:"budget"`
+	Outcomes Outcomes `yaml:"outcomes"`
+	Journal  Journal  `yaml:"journal"`
+	// DeadLetter is the dead-letter destinations' own settings.
+	DeadLetter DeadLetter `yaml:"deadletter"`
+	Admin      Admin      `yaml:"admin"`
+	Telemetry  Telemetry  `yaml:"telemetry"`
+	Shutdown   Shutdown   `yaml:"shutdown"`
 }
 
 // Handler is the app's endpoint.
@@ -134,6 +136,18 @@ type Journal struct {
 	Retention Duration `yaml:"retention"`
 }
 
+// DeadLetter configures the dead-letter destinations (RabbitMQ Q.dlq, Kafka
+// T.G.dlq).
+type DeadLetter struct {
+	// Retention is how long a dead letter is kept in its log: the stream's
+	// x-max-age on RabbitMQ, the topic's retention.ms on Kafka. It applies
+	// when the sidecar creates the destination; an existing one keeps its own.
+	Retention Duration `yaml:"retention"`
+}
+
+// DefaultDeadLetterRetention is deadletter.retention when it is not set.
+const DefaultDeadLetterRetention = 14 * 24 * time.Hour
+
 // Admin is the admin API: gRPC and REST/JSON on one listener.
 type Admin struct {
 	Listen string `yaml:"listen"`
@@ -175,11 +189,12 @@ func Default() Config {
 			DeferMaxAge: Duration(24 * time.Hour),
 			MinAttempt:  Duration(100 * time.Millisecond),
 		},
-		Budget:    Budget{Ratio: 0.2, MinPerSecond: 10, Window: Duration(10 * time.Second)},
-		Journal:   Journal{Path: "./handoff.db", Sync: "batch", Retention: Duration(24 * time.Hour)},
-		Admin:     Admin{Listen: "127.0.0.1:9400"},
-		Telemetry: Telemetry{MetricsListen: "127.0.0.1:9464"},
-		Shutdown:  Shutdown{DrainTimeout: Duration(30 * time.Second)},
+		Budget:     Budget{Ratio: 0.2, MinPerSecond: 10, Window: Duration(10 * time.Second)},
+		Journal:    Journal{Path: "./handoff.db", Sync: "batch", Retention: Duration(24 * time.Hour)},
+		DeadLetter: DeadLetter{Retention: Duration(DefaultDeadLetterRetention)},
+		Admin:      Admin{Listen: "127.0.0.1:9400"},
+		Telemetry:  Telemetry{MetricsListen: "127.0.0.1:9464"},
+		Shutdown:   Shutdown{DrainTimeout: Duration(30 * time.Second)},
 	}
 }
 

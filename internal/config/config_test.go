@@ -52,6 +52,9 @@ func TestParseValid(t *testing.T) {
 	if cfg.Outcomes.HTTP["404"] != "permanent" {
 		t.Errorf("outcomes.http = %v", cfg.Outcomes.HTTP)
 	}
+	if got := cfg.DeadLetter.Retention.D(); got != 336*time.Hour {
+		t.Errorf("deadletter.retention = %v, want the default 336h", got)
+	}
 }
 
 func TestParseDefaults(t *testing.T) {
@@ -132,6 +135,9 @@ func TestParseProblems(t *testing.T) {
 		{"bad amqp scheme", replace(t, "amqp://guest:guest@127.0.0.1:5672/", "http://x/"), []string{"sources[0].rabbitmq.url: scheme \"http\""}},
 		{"missing queue", replace(t, "      queue: orders\n", ""), []string{"sources[0].rabbitmq.queue: required"}},
 		{"bad admin listen", replace(t, "listen: 127.0.0.1:9400", "listen: nowhere"), []string{"admin.listen: want host:port"}},
+		{"deadletter retention zero", replace(t, "outcomes:\n", "deadletter: {retention: 0s}\noutcomes:\n"), []string{"deadletter.retention: must be positive"}},
+		{"deadletter retention negative", replace(t, "outcomes:\n", "deadletter: {retention: -1h}\noutcomes:\n"), []string{"deadletter.retention: must be positive"}},
+		{"deadletter retention in days", replace(t, "outcomes:\n", "deadletter: {retention: 14d}\noutcomes:\n"), []string{"deadletter.retention: invalid duration \"14d\""}},
 		{"list where mapping", replace(t, "journal:   {path: ./handoff.db}", "journal: [a]"), []string{"journal: want a mapping"}},
 		{"budget out of range", replace(t, "outcomes:\n", "budget: {ratio: 1.5, min_per_second: -1, window: 0s}\noutcomes:\n"), []string{
 			"budget.ratio: must be between 0 and 1", "budget.min_per_second: must not be negative", "budget.window: must be at least 1s"}},

@@ -79,6 +79,9 @@ func (c *Config) Validate() error {
 	if c.Journal.Retention <= 0 {
 		ps.add("journal.retention", "must be positive")
 	}
+	if c.DeadLetter.Retention <= 0 {
+		ps.add("deadletter.retention", "must be positive")
+	}
 	c.Admin.validate(&ps)
 	validateListen("telemetry.metrics_listen", c.Telemetry.MetricsListen, true, &ps)
 	if c.Shutdown.DrainTimeout < 0 {

@@ -27,6 +27,10 @@ type Options struct {
 	Tiers   []time.Duration
 	// Declare creates the retry and dead-letter topics when missing.
 	Declare bool
+	// DeadLetterRetention is the retention.ms the dead-letter topic is
+	// created with; zero leaves the brokers' default. An existing topic keeps
+	// its own.
+	DeadLetterRetention time.Duration
 	// Ordering is "none", "key" (records of one key one at a time, in
 	// order) or "partition" (records of one partition one at a time).
 	Ordering string

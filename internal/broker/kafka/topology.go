@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -35,10 +37,13 @@ func (c *Client) Declare(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("describe derived topics: %w", err)
 	}
+	dlq := DeadLetterTopic(c.o.Topic, c.o.Group)
 	var missing []string
 	for _, t := range want {
 		if d, ok := have[t]; !ok || d.Err != nil {
 			missing = append(missing, t)
+		} else if t == dlq {
+			c.checkRetention(ctx, adm, dlq)
 		}
 	}
 	if len(missing) == 0 {
@@ -47,15 +52,55 @@ func (c *Client) Declare(ctx context.Context) error {
 	if !c.o.Declare {
 		return fmt.Errorf("topics missing and declare is off: %v", missing)
 	}
-	resp, err := adm.CreateTopics(ctx, partitions, -1, nil, missing...)
-	if err != nil {
-		return fmt.Errorf("create topics: %w", err)
-	}
-	for _, r := range resp {
-		if r.Err != nil && !errors.Is(r.Err, kerr.TopicAlreadyExists) {
-			return fmt.Errorf("create topic %s: %w", r.Topic, r.Err)
+	var created []string
+	for _, t := range missing {
+		var configs map[string]*string
+		if t == dlq && c.o.DeadLetterRetention > 0 {
+			configs = map[string]*string{"retention.ms": kadm.StringPtr(retentionMs(c.o.DeadLetterRetention))}
+		}
+		resp, err := adm.CreateTopics(ctx, partitions, -1, configs, t)
+		if err != nil {
+			return fmt.Errorf("create topic %s: %w", t, err)
+		}
+		for _, r := range resp {
+			switch {
+			case errors.Is(r.Err, kerr.TopicAlreadyExists):
+			case r.Err != nil:
+				return fmt.Errorf("create topic %s: %w", r.Topic, r.Err)
+			default:
+				created = append(created, r.Topic)
+			}
 		}
 	}
-	c.log.Info("kafka topics created", "topics", missing)
+	c.log.Info("kafka topics created", "topics", created, "dead_letter_retention", c.o.DeadLetterRetention)
 	return nil
+}
+
+// retentionMs is d as a retention.ms value.
+func retentionMs(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+
+// checkRetention logs when an existing dead-letter topic keeps its dead
+// letters for another time than configured. The topic is left as it is:
+// changing a topic's retention is the operator's decision, and one the
+// brokers' own tools make.
+func (c *Client) checkRetention(ctx context.Context, adm *kadm.Client, topic string) {
+	if c.o.DeadLetterRetention <= 0 {
+		return
+	}
+	rcs, err := adm.DescribeTopicConfigs(ctx, topic)
+	if err != nil {
+		c.log.Debug("describe dead-letter topic config", "topic", topic, "err", err)
+		return
+	}
+	rc, err := rcs.On(topic, nil)
+	if err != nil || rc.Err != nil {
+		return
+	}
+	want := retentionMs(c.o.DeadLetterRetention)
+	for _, cfg := range rc.Configs {
+		if cfg.Key == "retention.ms" && cfg.Value != nil && *cfg.Value != want {
+			c.log.Warn("the dead-letter topic's retention differs from deadletter.retention; it is left as it is",
+				"topic", topic, "retention_ms", *cfg.Value, "configured_ms", want)
+		}
+	}
 }
