@@ -62,6 +62,9 @@ type GRPC struct {
 	network, addr string // for Probe
 	classifier    *Classifier
 	now           func() time.Time
+	// single is set once the app answered HandleBatch with UNIMPLEMENTED:
+	// batches go as one Handle call per message from then on.
+	single atomic.Bool
 }
 
 // maxGRPCMessage bounds an answer the sidecar reads, as maxBatchResponse

@@ -2,6 +2,10 @@ package handler
 
 import (
 	"context"
+	"sync"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	handlerv1 "handoff.dev/handoff/api/handler/v1"
 	"handoff.dev/handoff/internal/budget"
@@ -10,13 +14,24 @@ import (
 // SendBatch makes one HandleBatch call carrying reqs; the app answers each by
 // its event id. A status instead of an answer is the whole batch's, split
 // like HTTP's (bisects).
+//
+// An app that does not implement HandleBatch (UNIMPLEMENTED) is not a
+// reason to dead-letter every message as permanent: the batch, and every
+// later one, goes as one Handle call per message instead.
 func (g *GRPC) SendBatch(ctx context.Context, reqs []*Request) (each []Result, whole Result, split bool) {
+	if g.single.Load() {
+		return g.sendOneByOne(ctx, reqs), Result{}, false
+	}
 	in := &handlerv1.HandleBatchRequest{Requests: make([]*handlerv1.HandleRequest, len(reqs))}
 	for i, r := range reqs {
 		in.Requests[i] = grpcRequest(r)
 	}
-	ctx, tr := traceReach(ctx)
-	resp, err := g.client.HandleBatch(ctx, in)
+	bctx, tr := traceReach(ctx)
+	resp, err := g.client.HandleBatch(bctx, in)
+	if err != nil && tr.get() == answered && status.Code(err) == codes.Unimplemented {
+		g.single.Store(true)
+		return g.sendOneByOne(ctx, reqs), Result{}, false
+	}
 	if err != nil {
 		o, after := g.classifier.GRPC(0, 0, err, tr.get(), g.connected())
 		res := Result{Outcome: o, RetryAfter: after, Detail: grpcDetail(0, "", err)}
@@ -45,4 +60,16 @@ func (g *GRPC) SendBatch(ctx context.Context, reqs []*Request) (each []Result, w
 		}
 	}
 	return each, Result{}, false
+}
+
+// sendOneByOne delivers each request with its own Handle call, all at once:
+// they already hold their slots of the concurrency limit.
+func (g *GRPC) sendOneByOne(ctx context.Context, reqs []*Request) []Result {
+	each := make([]Result, len(reqs))
+	var wg sync.WaitGroup
+	for i, r := range reqs {
+		wg.Go(func() { each[i] = g.Deliver(ctx, r) })
+	}
+	wg.Wait()
+	return each
 }

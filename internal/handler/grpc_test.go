@@ -505,3 +505,52 @@ func TestGRPCRefusedBeforeSendingOnALiveConnection(t *testing.T) {
 		t.Errorf("the app got %d calls, want the 1 small one", n)
 	}
 }
+
+// singleOnlyApp implements Handle and not HandleBatch.
+type singleOnlyApp struct {
+	handlerv1.UnimplementedMessageHandlerServer
+	mu  sync.Mutex
+	ids []string
+}
+
+func (a *singleOnlyApp) Handle(_ context.Context, r *handlerv1.HandleRequest) (*handlerv1.HandleResponse, error) {
+	a.mu.Lock()
+	a.ids = append(a.ids, r.GetEvent().GetId())
+	a.mu.Unlock()
+	return &handlerv1.HandleResponse{}, nil
+}
+
+// Batch mode against an app without HandleBatch: its UNIMPLEMENTED is no
+// verdict on the messages (which would dead-letter every one as permanent);
+// each goes by Handle instead, this batch and every later one.
+func TestGRPCBatchFallsBackToHandle(t *testing.T) {
+	a := &singleOnlyApp{}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	handlerv1.RegisterMessageHandlerServer(srv, a)
+	served := make(chan struct{})
+	go func() { defer close(served); _ = srv.Serve(ln) }()
+	defer func() { srv.Stop(); <-served }()
+	g := newGRPCClient(t, "grpc://"+ln.Addr().String(), nil)
+	b := NewBatcher(g, BatchOptions{MaxMessages: 4, MaxWait: 20 * time.Millisecond, Budget: &tokens{left: 100}})
+	defer b.Close()
+	for round := range 2 {
+		reqs := make([]*Request, 4)
+		for i := range reqs {
+			reqs[i] = attempt(fmt.Sprintf("r%d-%d", round, i), nil, "")
+		}
+		for i, res := range deliverAll(b, reqs...) {
+			if res.Outcome != budget.Success {
+				t.Errorf("round %d, %s: %v (%s), want success", round, reqs[i].EventID, res.Outcome, res.Detail)
+			}
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.ids) != 8 {
+		t.Errorf("Handle took %d messages, want all 8: %v", len(a.ids), a.ids)
+	}
+}
