@@ -170,13 +170,13 @@ func TestRabbitBatchPoisonAloneDeadLettered(t *testing.T) {
 			publish(t, conn, q, msgs...)
 			dlq := rabbitmq.DeadLetterQueue(q)
 			waitFor(t, 30*time.Second, "every message handled and the poison dead-lettered", func() bool {
-				return a.handledAll(ids) && depth(t, conn, dlq) == len(poison)
+				return a.handledAll(ids) && len(readStream(t, conn, dlq)) == len(poison)
 			})
 			s.stop(t)
 
 			a.check(t, ids)
 			reasons := map[string]string{}
-			for _, d := range drain(t, conn, dlq) {
+			for _, d := range readStream(t, conn, dlq) {
 				id, _ := d.Headers[broker.HeaderEventID].(string)
 				reasons[id], _ = d.Headers[broker.HeaderDeadReason].(string)
 			}

@@ -151,7 +151,7 @@ journal: {path: %q}
 	if fresh >= n {
 		t.Errorf("all %d messages had their first attempt during the outage: fresh intake never paused", fresh)
 	}
-	if got := depth(t, conn, rabbitmq.DeadLetterQueue(q)); got != 0 {
+	if got := len(readStream(t, conn, rabbitmq.DeadLetterQueue(q))); got != 0 {
 		t.Errorf("%d messages dead-lettered, want none", got)
 	}
 	for _, want := range []string{"retry budget spent", "fresh intake paused", "fresh intake resumed", "concurrency limit changed"} {

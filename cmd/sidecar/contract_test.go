@@ -180,7 +180,7 @@ func contractBrokers() []contractBroker {
 				}
 				publish(t, conn, q, msgs...)
 			}, func() map[string][2]string {
-				for _, d := range drain(t, conn, dlq) {
+				for _, d := range readStream(t, conn, dlq) {
 					id, _ := d.Headers[broker.HeaderEventID].(string)
 					reason, _ := d.Headers[broker.HeaderDeadReason].(string)
 					seen[id] = [2]string{reason, string(d.Body)}

@@ -148,7 +148,7 @@ func TestCrashAfterPublishBeforeConfirm(t *testing.T) {
 	if transferring != 1 || !hasStep(steps, journal.Settled, "duplicate") {
 		t.Errorf("journal should show one copy recorded and a duplicate settled: %+v", steps)
 	}
-	if n := depth(t, conn, rabbitmq.DeadLetterQueue(q)); n != 0 {
+	if n := len(readStream(t, conn, rabbitmq.DeadLetterQueue(q))); n != 0 {
 		t.Errorf("DLQ holds %d, want 0", n)
 	}
 }
@@ -173,7 +173,7 @@ func TestCrashAfterConfirmBeforeAck(t *testing.T) {
 	waitFor(t, 10*time.Second, "the redelivery settled", func() bool { return depth(t, conn, q) == 0 })
 	time.Sleep(200 * time.Millisecond)
 	s.stop(t)
-	copies := drain(t, conn, rabbitmq.DeadLetterQueue(q))
+	copies := readStream(t, conn, rabbitmq.DeadLetterQueue(q))
 	if len(copies) != 1 {
 		t.Errorf("DLQ holds %d copies, want exactly 1", len(copies))
 	}
@@ -186,7 +186,8 @@ func TestCrashAfterConfirmBeforeAck(t *testing.T) {
 }
 
 // After a DLQ copy reached the DLQ, before the journal recorded its confirm:
-// the restart browses the DLQ, finds the copy, and publishes no second one.
+// the restart reads the DLQ stream back, finds the copy, and publishes no
+// second one.
 func TestCrashAfterPublishBeforeConfirmDLQ(t *testing.T) {
 	t.Parallel()
 	conn := dialRabbit(t)
@@ -202,8 +203,8 @@ func TestCrashAfterPublishBeforeConfirmDLQ(t *testing.T) {
 	}
 	s := startSidecarWith(t, cfg, hooks{fault: fault})
 
-	// Dead letters of other events ahead of it: the browse must look past
-	// them and hand them all back.
+	// Dead letters of other events ahead of it: the read-back must look
+	// past them, and leaves them all in the stream.
 	for _, id := range []string{"other-1", "other-2", "c-5"} {
 		publish(t, conn, q, publishing{MessageId: id, Body: []byte(id)})
 	}
@@ -216,7 +217,7 @@ func TestCrashAfterPublishBeforeConfirmDLQ(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	s.stop(t)
 	count := map[string]int{}
-	for _, d := range drain(t, conn, rabbitmq.DeadLetterQueue(q)) {
+	for _, d := range readStream(t, conn, rabbitmq.DeadLetterQueue(q)) {
 		count[d.MessageId]++
 	}
 	if len(count) != 3 || count["other-1"] != 1 || count["other-2"] != 1 || count["c-5"] != 1 {
@@ -278,7 +279,7 @@ func TestCrashMidJournalBatch(t *testing.T) {
 	if got := calls[len(calls)-1].Header.Get("Handoff-Redelivered"); got != "true" {
 		t.Errorf("the call after the crash says Handoff-Redelivered %q, want true", got)
 	}
-	if n := depth(t, conn, rabbitmq.DeadLetterQueue(q)); n != 0 {
+	if n := len(readStream(t, conn, rabbitmq.DeadLetterQueue(q))); n != 0 {
 		t.Errorf("DLQ holds %d, want 0", n)
 	}
 }

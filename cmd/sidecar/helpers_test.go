@@ -119,25 +119,20 @@ func publish(t *testing.T, conn *amqp.Connection, queue string, msgs ...publishi
 	}
 }
 
-// drain takes every message currently in queue.
-func drain(t *testing.T, conn *amqp.Connection, queue string) []amqp.Delivery {
+// readStream is every message of a stream (a dead-letter queue), read from
+// its first to its end; reading takes nothing away.
+func readStream(t *testing.T, conn *amqp.Connection, stream string) []amqp.Delivery {
 	t.Helper()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ch.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	var out []amqp.Delivery
-	for {
-		d, ok, err := ch.Get(queue, true)
-		if err != nil {
-			t.Fatalf("get %s: %v", queue, err)
-		}
-		if !ok {
-			return out
-		}
-		out = append(out, d)
+	if err := rabbitmq.ReadStream(ctx, conn, stream, "first", func(d *amqp.Delivery) bool {
+		out = append(out, *d)
+		return true
+	}); err != nil {
+		t.Fatalf("read %s: %v", stream, err)
 	}
+	return out
 }
 
 // depth is the number of ready messages in queue.

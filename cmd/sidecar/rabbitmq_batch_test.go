@@ -42,7 +42,7 @@ func testRabbitBatchOutcomeContract(t *testing.T, transport string) {
 	publish(t, conn, q, msgs...)
 	dlq := rabbitmq.DeadLetterQueue(q)
 	waitFor(t, 20*time.Second, "every outcome", func() bool {
-		return len(a.callsFor("flaky")) == 2 && len(a.callsFor("broken")) == 3 && depth(t, conn, dlq) == 2
+		return len(a.callsFor("flaky")) == 2 && len(a.callsFor("broken")) == 3 && len(readStream(t, conn, dlq)) == 2
 	})
 	time.Sleep(3 * tier)
 	s.stop(t)
@@ -59,7 +59,7 @@ func testRabbitBatchOutcomeContract(t *testing.T, transport string) {
 		t.Errorf("the app got body %q, want the message's", c[0].Body)
 	}
 	reasons := map[string]string{}
-	for _, d := range drain(t, conn, dlq) {
+	for _, d := range readStream(t, conn, dlq) {
 		id, _ := d.Headers[broker.HeaderEventID].(string)
 		reasons[id], _ = d.Headers[broker.HeaderDeadReason].(string)
 		if string(d.Body) != "body-"+id {

@@ -114,8 +114,8 @@ func TestRabbitDeadLetterQueueDeleted(t *testing.T) {
 	// A restart declares the topology again; the message reaches the DLQ,
 	// and the journal knows the app already answered: it is not called again.
 	startSidecar(t, cfg)
-	waitFor(t, 10*time.Second, "the DLQ copy", func() bool { return depth(t, conn, dlq) == 1 })
-	d := drain(t, conn, dlq)[0]
+	waitFor(t, 10*time.Second, "the DLQ copy", func() bool { return len(readStream(t, conn, dlq)) == 1 })
+	d := readStream(t, conn, dlq)[0]
 	if d.Headers[broker.HeaderEventID] != "m-dlq" || d.Headers[broker.HeaderDeadReason] != "permanent" {
 		t.Errorf("DLQ copy headers = %v", d.Headers)
 	}

@@ -68,7 +68,7 @@ func TestRabbitDeferDoesNotBurnAttempts(t *testing.T) {
 	if n := len(a.callsFor("m-def")); n != 4 {
 		t.Errorf("app called %d times, want 4 (defer, defer, 500, 200)", n)
 	}
-	if n := depth(t, conn, rabbitmq.DeadLetterQueue(q)); n != 0 {
+	if n := len(readStream(t, conn, rabbitmq.DeadLetterQueue(q))); n != 0 {
 		t.Errorf("DLQ holds %d: deferrals were counted as failed attempts", n)
 	}
 }
@@ -87,8 +87,8 @@ func TestRabbitMalformedRetryCopyDeadLettered(t *testing.T) {
 		Headers: amqp.Table{broker.HeaderEventID: "m-bad", broker.HeaderAttempt: "two"},
 	})
 	dlq := rabbitmq.DeadLetterQueue(q)
-	waitFor(t, 10*time.Second, "the DLQ copy", func() bool { return depth(t, conn, dlq) == 1 })
-	d := drain(t, conn, dlq)[0]
+	waitFor(t, 10*time.Second, "the DLQ copy", func() bool { return len(readStream(t, conn, dlq)) == 1 })
+	d := readStream(t, conn, dlq)[0]
 	if d.Headers[broker.HeaderDeadReason] != "malformed" || string(d.Body) != "payload" {
 		t.Errorf("DLQ copy reason=%v body=%q, want malformed, payload", d.Headers[broker.HeaderDeadReason], d.Body)
 	}

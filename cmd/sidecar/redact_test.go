@@ -96,7 +96,7 @@ journal: {path: %q}
 		mu.Lock()
 		n := len(handled)
 		mu.Unlock()
-		return n == 4 && depth(t, conn, rabbitmq.DeadLetterQueue(q)) == 1
+		return n == 4 && len(readStream(t, conn, rabbitmq.DeadLetterQueue(q))) == 1
 	})
 	healthz, readyz := healthBodies(t, run.health)
 	run.stop(t)
@@ -106,7 +106,7 @@ journal: {path: %q}
 	noSecret(t, "run log", run.log.String(), secrets)
 	noSecret(t, "/healthz while running", healthz, secrets)
 	noSecret(t, "/readyz while running", readyz, secrets)
-	for _, d := range drain(t, conn, rabbitmq.DeadLetterQueue(q)) {
+	for _, d := range readStream(t, conn, rabbitmq.DeadLetterQueue(q)) {
 		noSecret(t, "DLQ copy headers", fmt.Sprint(d.Headers), secrets)
 	}
 	journalOut, err := exec.Command(bin, "journal", "events", "--path", journalPath(t, good)).CombinedOutput()

@@ -328,7 +328,7 @@ type source struct {
 func buildSource(sc config.Source, tiers []time.Duration, deadLetterRetention time.Duration, journalID string, log *slog.Logger) (source, error) {
 	switch {
 	case sc.RabbitMQ != nil:
-		return rabbitSource(sc, tiers, log), nil
+		return rabbitSource(sc, tiers, deadLetterRetention, log), nil
 	case sc.Kafka != nil:
 		return kafkaSource(sc, tiers, deadLetterRetention, journalID, log)
 	}

@@ -30,8 +30,8 @@ import (
 //
 // A kill that lands between the broker taking a DLQ copy and the journal
 // recording its confirm (a few milliseconds) leaves the restart unsure whether
-// the copy exists; it looks (Kafka reads the DLQ topic back, RabbitMQ browses
-// the DLQ) instead of writing a second one, so there are no duplicates.
+// the copy exists; it looks (Kafka reads the DLQ topic back, RabbitMQ the DLQ
+// stream) instead of writing a second one, so there are no duplicates.
 
 const killTier = 300 * time.Millisecond
 
@@ -71,10 +71,10 @@ func TestSIGKILLMixedWorkloadRabbitMQ(t *testing.T) {
 			}
 			return true
 		},
-		deadCount: func() int { return depth(t, conn, rabbitmq.DeadLetterQueue(q)) },
+		deadCount: func() int { return len(readStream(t, conn, rabbitmq.DeadLetterQueue(q))) },
 		deadLetters: func() [][2]string {
 			var out [][2]string
-			for _, d := range drain(t, conn, rabbitmq.DeadLetterQueue(q)) {
+			for _, d := range readStream(t, conn, rabbitmq.DeadLetterQueue(q)) {
 				id, _ := d.Headers[broker.HeaderEventID].(string)
 				out = append(out, [2]string{id, fmt.Sprint(d.Headers[broker.HeaderHops], "/", d.Headers[broker.HeaderAttempt], "/", d.Headers[broker.HeaderDeadReason])})
 			}

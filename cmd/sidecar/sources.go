@@ -17,7 +17,7 @@ import (
 )
 
 // An unconfirmed dead-letter copy is looked for before it is written again:
-// Kafka reads the topic back, RabbitMQ browses the DLQ.
+// Kafka reads the topic back, RabbitMQ the dead-letter stream.
 var (
 	_ dispatch.CopyFinder = (*kafka.Client)(nil)
 	_ dispatch.CopyFinder = (*rabbitmq.Client)(nil)
@@ -25,7 +25,7 @@ var (
 	_ dispatch.RetryHolder = (*kafka.Client)(nil)
 )
 
-func rabbitSource(sc config.Source, tiers []time.Duration, log *slog.Logger) source {
+func rabbitSource(sc config.Source, tiers []time.Duration, deadLetterRetention time.Duration, log *slog.Logger) source {
 	r := sc.RabbitMQ
 	c := rabbitmq.NewClient(rabbitmq.Options{
 		Name:     sc.Name,
@@ -34,7 +34,9 @@ func rabbitSource(sc config.Source, tiers []time.Duration, log *slog.Logger) sou
 		Prefetch: r.Prefetch,
 		Tiers:    tiers,
 		Declare:  *r.Declare,
-		Logger:   log,
+		// Applies when the sidecar declares the dead-letter stream.
+		DeadLetterRetention: deadLetterRetention,
+		Logger:              log,
 	})
 	return source{
 		name: sc.Name,

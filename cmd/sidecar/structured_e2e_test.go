@@ -243,13 +243,13 @@ func TestRabbitStructuredEvents(t *testing.T) {
 			publish(t, conn, q, msgs...)
 			dlq := rabbitmq.DeadLetterQueue(q)
 			waitFor(t, 30*time.Second, "the events handled and the failures dead-lettered", func() bool {
-				return len(a.got("ok-json")) > 0 && len(a.got("ok-bin")) > 0 && depth(t, conn, dlq) == 3
+				return len(a.got("ok-json")) > 0 && len(a.got("ok-bin")) > 0 && len(readStream(t, conn, dlq)) == 3
 			})
 			s.stop(t)
 
 			a.check(t)
 			var copies []dlqCopy
-			for _, d := range drain(t, conn, dlq) {
+			for _, d := range readStream(t, conn, dlq) {
 				c := dlqCopy{body: d.Body, contentType: d.ContentType}
 				c.eventID, _ = d.Headers[broker.HeaderEventID].(string)
 				c.reason, _ = d.Headers[broker.HeaderDeadReason].(string)

@@ -25,7 +25,10 @@ type Options struct {
 	Prefetch int
 	Tiers    []time.Duration
 	Declare  bool
-	Logger   *slog.Logger
+	// DeadLetterRetention is the dead-letter stream's x-max-age when the
+	// client declares it; zero means DefaultDeadLetterRetention.
+	DeadLetterRetention time.Duration
+	Logger              *slog.Logger
 	// MinBackoff and MaxBackoff bound the redial delay; zero means 100ms and 10s.
 	MinBackoff, MaxBackoff time.Duration
 }
@@ -48,7 +51,7 @@ type Client struct {
 
 	wg sync.WaitGroup // consumer-channel watchers
 
-	browsing chan struct{} // a one-slot lock on browsing the DLQ, which honours ctx
+	finding chan struct{} // slots for reading the dead-letter stream back (FindCopy)
 }
 
 // NewClient returns a client; Run connects it.
@@ -62,12 +65,14 @@ func NewClient(o Options) *Client {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	log := o.Logger.With("source", o.Name, "queue", o.Queue)
 	return &Client{
-		opts:     o,
-		topo:     Topology{Queue: o.Queue, Tiers: o.Tiers, Declare: o.Declare},
-		log:      o.Logger.With("source", o.Name, "queue", o.Queue),
-		changed:  make(chan struct{}),
-		browsing: make(chan struct{}, 1),
+		opts: o,
+		topo: Topology{Queue: o.Queue, Tiers: o.Tiers, Declare: o.Declare,
+			DeadLetterRetention: o.DeadLetterRetention, Logger: log},
+		log:     log,
+		changed: make(chan struct{}),
+		finding: make(chan struct{}, maxFinds),
 	}
 }
 
@@ -214,11 +219,12 @@ func (c *Client) Transfer(ctx context.Context, dest broker.Destination, msg *bro
 	if s == nil {
 		return ErrNotConnected
 	}
-	queue := DeadLetterQueue(c.opts.Queue)
 	if !dest.DeadLetter {
-		queue = TierQueue(c.opts.Queue, dest.Tier)
+		return s.pub.publish(ctx, TierQueue(c.opts.Queue, dest.Tier), copyOf(msg, trail))
 	}
-	return s.pub.publish(ctx, queue, copyOf(msg, trail))
+	p := copyOf(msg, trail)
+	p.Headers = streamHeaders(p.Headers)
+	return s.pub.publish(ctx, DeadLetterQueue(c.opts.Queue), p)
 }
 
 // session is one connection and its publisher channel.

@@ -76,7 +76,7 @@ func sourceQueue(t *testing.T, ch *amqp.Channel, prefix string, tiers ...time.Du
 	}
 	t.Cleanup(func() {
 		cl := channel(t)
-		for _, name := range []string{q, RetryQueue(q), DeadLetterQueue(q)} {
+		for _, name := range []string{q, RetryQueue(q), DeadLetterQueue(q), migratingQueue(q)} {
 			_, _ = cl.QueueDelete(name, false, false, false)
 		}
 		for _, tier := range tiers {
@@ -119,13 +119,32 @@ func rabbitFixture(t *testing.T) brokertest.Fixture {
 		},
 		DeadLetters: func(t *testing.T) []broker.Message {
 			var out []broker.Message
-			for {
-				d, ok, err := ch.Get(DeadLetterQueue(q), true)
-				if err != nil || !ok {
-					return out
-				}
+			for _, d := range readStream(t, DeadLetterQueue(q)) {
 				out = append(out, broker.Message{Body: d.Body, MessageID: d.MessageId, Headers: stringHeaders(d.Headers)})
 			}
+			return out
 		},
 	}
+}
+
+// readStream is every message of a stream, read from its first to its end on
+// a connection of the test's own.
+func readStream(t *testing.T, stream string) []amqp.Delivery {
+	t.Helper()
+	brokertest.SkipShort(t, "RabbitMQ")
+	conn, err := amqp.Dial(rabbitURL())
+	if err != nil {
+		t.Fatalf("RabbitMQ at %s is required (scripts/rabbitmq-local start): %v", rabbitURL(), err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out []amqp.Delivery
+	if err := ReadStream(ctx, conn, stream, "first", func(d *amqp.Delivery) bool {
+		out = append(out, *d)
+		return true
+	}); err != nil {
+		t.Fatalf("read %s: %v", stream, err)
+	}
+	return out
 }

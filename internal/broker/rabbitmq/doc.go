@@ -8,10 +8,17 @@
 //	Q.retry.<tier>    one quorum queue per delay tier, with a per-queue x-message-ttl,
 //	                  dead-lettering (at-least-once) into Q.retry
 //	Q.retry           the retry work queue, consumed like Q
-//	Q.dlq             the dead-letter queue (quorum)
+//	Q.dlq             the dead-letter stream (x-queue-type: stream), kept for
+//	                  Options.DeadLetterRetention (x-max-age)
 //
 // Copies are published to the default exchange with mandatory set. A publish
 // counts as transferred only when the broker acks it and did not return it.
+//
+// The dead-letter stream is a log: ReadStream reads it from any offset or
+// time, and FindCopy reads it back from about the time of an unconfirmed
+// publish. A Q.dlq an earlier version declared as a quorum queue is moved
+// into the stream when the client connects (migrate.go), through the stream
+// Q.dlq.migrating, with every step resumable after a crash.
 //
 // # Caveats
 //
@@ -29,4 +36,12 @@
 // Per-message TTL (the expiration property) only expires messages at the head
 // of a queue, which is why each delay has its own queue; copies never carry the
 // original's expiration.
+//
+// RabbitMQ 3.10 keeps a stream message in AMQP 1.0 form: a header whose value
+// is a table or an array would be dropped, and a decimal one closes the
+// connection with an internal error, so dead-letter copies carry such values
+// as text (streamHeaders). A stream refuses basic.get (540, which closes the
+// connection) and needs a prefetch to be consumed. Its x-max-age removes only
+// whole segments, when a new one starts, hence the 16 MiB segments. AMQP
+// 0.9.1 does not say where a stream ends: see ReadStream.
 package rabbitmq

@@ -5,34 +5,37 @@ import (
 	"fmt"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"handoff.dev/handoff/internal/broker"
 )
 
-// browseLimit bounds how many dead letters one read-back looks at; browseTimeout
-// bounds how long it takes.
+// findTimeout bounds one read-back of the dead-letter stream; findSlack is how
+// long before the recorded publish the read starts, for the clocks of the
+// sidecar and the broker (which stamps each chunk) to disagree.
 const (
-	browseLimit   = 20000
-	browseTimeout = 30 * time.Second
+	findTimeout = 30 * time.Second
+	findSlack   = time.Minute
 )
 
+// maxFinds bounds the read-backs that run at once: after a crash every
+// dead-letter copy that was in flight is looked for.
+const maxFinds = 4
+
 // FindCopy reports whether a dead-letter copy with trail's event id, replay id
-// and hop is in the DLQ. It is asked after a crash between publishing a copy
-// and recording its confirm, so that a redelivery does not put a second copy
-// in the DLQ.
+// and hop is in the dead-letter stream, published since about since. It is
+// asked after a crash between publishing a copy and recording its confirm, so
+// that a redelivery does not put a second copy in the DLQ.
 //
-// A queue has no read-back of its own: FindCopy browses the DLQ with
-// basic.get on a channel of its own, holding every message it looked at
-// unacked, and closes the channel, which hands them all back in their order.
-// Browsing marks them redelivered and, on a quorum queue, counts a delivery
-// (x-delivery-count); a DLQ should carry no delivery-limit. A copy held
-// unacked by a consumer of the DLQ cannot be seen, and neither can one beyond
-// browseLimit: then FindCopy says not found, or errs, and the caller
-// publishes again — a duplicate, never a loss. One browse runs at a time per
-// client, or two would hide messages from each other.
+// The stream is read back from a little before since to its end, on a
+// channel of its own, as on Kafka; reading removes nothing and is seen by no
+// other consumer. How the end is found is ReadStream's: a read that ends
+// early, or fails, says not found, and the caller publishes again — a
+// duplicate, never a loss.
 //
 // Retry copies are never looked for: the retry consumer settles a second copy
 // of a hop it has already settled, without calling the app.
-func (c *Client) FindCopy(ctx context.Context, dest broker.Destination, trail broker.Headers, _ time.Time) (bool, error) {
+func (c *Client) FindCopy(ctx context.Context, dest broker.Destination, trail broker.Headers, since time.Time) (bool, error) {
 	if !dest.DeadLetter {
 		return false, nil
 	}
@@ -40,43 +43,34 @@ func (c *Client) FindCopy(ctx context.Context, dest broker.Destination, trail br
 	if err != nil {
 		return false, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, browseTimeout)
+	ctx, cancel := context.WithTimeout(ctx, findTimeout)
 	defer cancel()
 	s, err := c.await(ctx)
 	if err != nil {
 		return false, err
 	}
 	select {
-	case c.browsing <- struct{}{}:
-		defer func() { <-c.browsing }()
+	case c.finding <- struct{}{}:
+		defer func() { <-c.finding }()
 	case <-ctx.Done():
 		return false, ctx.Err()
 	}
-	queue := DeadLetterQueue(c.opts.Queue)
-	ch, err := s.conn.Channel()
-	if err != nil {
-		return false, fmt.Errorf("browse %s: %w", queue, err)
+	var from any = "first"
+	if !since.IsZero() {
+		from = since.Add(-findSlack)
 	}
-	// Closing the channel requeues everything the browse took.
-	defer func() { _ = ch.Close() }()
-	for n := 0; n < browseLimit; n++ {
-		if err := ctx.Err(); err != nil {
-			return false, fmt.Errorf("browse %s: %w after %d messages", queue, err, n)
-		}
-		d, ok, err := ch.Get(queue, false)
-		if err != nil {
-			return false, fmt.Errorf("browse %s: %w", queue, err)
-		}
-		if !ok {
-			return false, nil
-		}
+	queue := DeadLetterQueue(c.opts.Queue)
+	found := false
+	err = ReadStream(ctx, s.conn, queue, from, func(d *amqp.Delivery) bool {
 		var got [3]string
 		for i, k := range [3]string{broker.HeaderEventID, broker.HeaderReplayID, broker.HeaderHops} {
 			got[i], _ = headerString(d.Headers[k])
 		}
-		if got == want {
-			return true, nil
-		}
+		found = got == want
+		return !found
+	})
+	if err != nil {
+		return false, fmt.Errorf("read back %s: %w", queue, err)
 	}
-	return false, fmt.Errorf("browse %s: more than %d messages; the copy may be beyond them", queue, browseLimit)
+	return found, nil
 }

@@ -85,6 +85,16 @@ func newPublisher(conn *amqp.Connection, onClose func(error)) (*publisher, error
 }
 
 func (p *publisher) publish(ctx context.Context, queue string, msg amqp.Publishing) error {
+	wait, err := p.start(ctx, queue, msg)
+	if err != nil {
+		return err
+	}
+	return wait(ctx)
+}
+
+// start publishes msg and returns the wait for its confirm, so that a caller
+// moving many messages keeps a window of them in flight.
+func (p *publisher) start(ctx context.Context, queue string, msg amqp.Publishing) (func(context.Context) error, error) {
 	w := &waiter{key: returnKey(queue, msg.Headers), result: make(chan error, 1)}
 	p.pubMu.Lock()
 	seq := p.ch.GetNextPublishSeqNo()
@@ -92,7 +102,7 @@ func (p *publisher) publish(ctx context.Context, queue string, msg amqp.Publishi
 	if p.closed {
 		p.mu.Unlock()
 		p.pubMu.Unlock()
-		return ErrChannelClosed
+		return nil, ErrChannelClosed
 	}
 	p.pending[seq] = w
 	p.mu.Unlock()
@@ -102,8 +112,12 @@ func (p *publisher) publish(ctx context.Context, queue string, msg amqp.Publishi
 		p.mu.Lock()
 		delete(p.pending, seq)
 		p.mu.Unlock()
-		return fmt.Errorf("publish to %s: %w", queue, err)
+		return nil, fmt.Errorf("publish to %s: %w", queue, err)
 	}
+	return func(ctx context.Context) error { return w.wait(ctx, queue) }, nil
+}
+
+func (w *waiter) wait(ctx context.Context, queue string) error {
 	t := time.NewTimer(confirmTimeout)
 	defer t.Stop()
 	select {

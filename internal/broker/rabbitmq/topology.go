@@ -3,6 +3,7 @@ package rabbitmq
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -16,17 +17,33 @@ func RetryQueue(q string) string { return q + ".retry" }
 // TierQueue is the delay queue of one tier.
 func TierQueue(q string, tier time.Duration) string { return q + ".retry." + broker.TierName(tier) }
 
-// DeadLetterQueue is the dead-letter queue of q.
+// DeadLetterQueue is the dead-letter stream of q.
 func DeadLetterQueue(q string) string { return q + ".dlq" }
 
 // Topology is the set of queues derived from one source queue.
 type Topology struct {
 	Queue string
 	Tiers []time.Duration
-	// Declare creates what is missing; without it every queue must exist.
+	// Declare creates what is missing, and moves a dead-letter queue an
+	// earlier version declared into a stream; without it every queue must
+	// exist, the dead-letter one as a stream.
 	Declare bool
+	// DeadLetterRetention is the dead-letter stream's x-max-age when the
+	// sidecar declares it; zero means DefaultDeadLetterRetention.
+	DeadLetterRetention time.Duration
+	Logger              *slog.Logger
+
+	// moveBatch is how many messages a migration moves per confirm window;
+	// zero means migrateBatch.
+	moveBatch int
+	// fault, when set, is asked at each step of a migration; an error
+	// stops the migration there, as a crash would.
+	fault func(step migrationStep, n int) error
 }
 
+// queues are the quorum queues of the retry path; the dead-letter stream is
+// declared after them (declareDeadLetter): once it exists, the whole
+// topology does.
 func (t Topology) queues() []queueSpec {
 	quorum := amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum}
 	specs := []queueSpec{{name: RetryQueue(t.Queue), args: quorum}}
@@ -42,8 +59,7 @@ func (t Topology) queues() []queueSpec {
 			amqp.QueueOverflowArg:       amqp.QueueOverflowRejectPublish,
 		}})
 	}
-	// The DLQ goes last: once it exists, the whole topology does.
-	return append(specs, queueSpec{name: DeadLetterQueue(t.Queue), args: quorum})
+	return specs
 }
 
 type queueSpec struct {
@@ -73,7 +89,7 @@ func (t Topology) declare(conn *amqp.Connection) error {
 			return fmt.Errorf("queue %q: %w", q.name, explain(err))
 		}
 	}
-	return nil
+	return t.declareDeadLetter(conn)
 }
 
 func onChannel(conn *amqp.Connection, f func(*amqp.Channel) error) error {
