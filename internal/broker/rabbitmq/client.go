@@ -84,7 +84,7 @@ func NewClient(o Options) *Client {
 func (c *Client) Run(ctx context.Context) error {
 	backoff := c.opts.MinBackoff
 	for {
-		s, err := c.connect()
+		s, err := c.connect(ctx)
 		if err != nil {
 			// A dial error can quote the URL, password and all.
 			c.log.Warn("rabbitmq connect failed", "err", redact.Error(err), "retry_in", backoff)
@@ -176,7 +176,7 @@ func (c *Client) await(ctx context.Context) (*session, error) {
 	}
 }
 
-func (c *Client) connect() (*session, error) {
+func (c *Client) connect(ctx context.Context) (*session, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName("handoff " + c.opts.Name)
 	conn, err := amqp.DialConfig(c.opts.URL, amqp.Config{
@@ -187,7 +187,13 @@ func (c *Client) connect() (*session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dial: %w", err)
 	}
-	if err := c.topo.declare(conn); err != nil {
+	// Declaring may move the dead-letter queue into a stream, which takes
+	// a while: closing the connection is what stops a call that takes no
+	// context.
+	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
+	err = c.topo.declare(ctx, conn)
+	stop()
+	if err != nil {
 		_ = conn.Close()
 		return nil, fmt.Errorf("topology: %w", err)
 	}

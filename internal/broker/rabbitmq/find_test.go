@@ -132,6 +132,9 @@ func TestFindCopyReadsTheStreamBack(t *testing.T) {
 		{"read from the first", trail, time.Time{}, true},
 		{"never published", never, recorded, false},
 		{"another hop of the same event", otherHop, recorded, false},
+		// The read starts at the time asked for, less a minute's slack: a
+		// copy older than that is not read at all.
+		{"published before the time read from", trail, recorded.Add(5 * time.Minute), false},
 	}
 	for _, tt := range tests {
 		found, err := c.FindCopy(ctx, dead, tt.trail, tt.since)

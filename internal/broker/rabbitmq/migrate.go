@@ -70,7 +70,7 @@ func (s migrationStep) String() string {
 // the stream, and moves a Q.dlq of another type (a quorum queue an earlier
 // version declared) into one, or finishes such a move a crash interrupted.
 // Without Declare it only checks, and says what is wrong.
-func (t Topology) declareDeadLetter(conn *amqp.Connection) error {
+func (t Topology) declareDeadLetter(ctx context.Context, conn *amqp.Connection) error {
 	dlq, tmp := DeadLetterQueue(t.Queue), migratingQueue(t.Queue)
 	if !t.Declare {
 		kind, typ, err := inspectQueue(conn, dlq)
@@ -102,7 +102,7 @@ func (t Topology) declareDeadLetter(conn *amqp.Connection) error {
 		}
 		switch kind {
 		case queueOther:
-			return t.migrate(conn)
+			return t.migrate(ctx, conn)
 		case queueStream:
 			// Retention is the operator's to change (with a policy); a
 			// stream is never redeclared to do it.
@@ -117,7 +117,7 @@ func (t Topology) declareDeadLetter(conn *amqp.Connection) error {
 		return fmt.Errorf("queue %q: %w", tmp, explain(err))
 	}
 	if kind != queueMissing {
-		return t.migrate(conn)
+		return t.migrate(ctx, conn)
 	}
 	return nil
 }
@@ -153,8 +153,8 @@ func (t Topology) logger() *slog.Logger {
 //
 // One sidecar migrates at a time: each holds an exclusive queue as a lock,
 // and another finds it taken (ErrMigrationBusy) and retries later.
-func (t Topology) migrate(conn *amqp.Connection) error {
-	ctx, cancel := context.WithTimeout(context.Background(), migrateTimeout)
+func (t Topology) migrate(ctx context.Context, conn *amqp.Connection) error {
+	ctx, cancel := context.WithTimeout(ctx, migrateTimeout)
 	defer cancel()
 	dlq, tmp, lock := DeadLetterQueue(t.Queue), migratingQueue(t.Queue), migrationLock(t.Queue)
 	err := onChannel(conn, func(ch *amqp.Channel) error {
@@ -355,6 +355,9 @@ func (m *migration) moveOut(ctx context.Context) error {
 	// Closing the channel hands back whatever was taken and not acked.
 	defer func() { _ = ch.Close() }()
 	for batch := 1; ; batch++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		var (
 			waits   []func(context.Context) error
 			lastTag uint64

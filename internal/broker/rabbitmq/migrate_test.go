@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -128,12 +129,12 @@ func TestMigrateQuorumDeadLetterQueue(t *testing.T) {
 	want := oldDeadLetters(t, ch, q, 30)
 	conn := dial(t)
 	topo := Topology{Queue: q, Declare: true, Logger: quietLogger()}
-	if err := topo.declare(conn); err != nil {
+	if err := topo.declare(context.Background(), conn); err != nil {
 		t.Fatal(err)
 	}
 	checkMigrated(t, conn, q, want)
 	// Connecting again changes nothing.
-	if err := topo.declare(conn); err != nil {
+	if err := topo.declare(context.Background(), conn); err != nil {
 		t.Fatal(err)
 	}
 	checkMigrated(t, conn, q, want)
@@ -171,12 +172,12 @@ func TestMigrateCrashAtEachStep(t *testing.T) {
 					return nil
 				}}
 			conn := dial(t)
-			if err := topo.declare(conn); !errors.Is(err, errCrash) {
+			if err := topo.declare(context.Background(), conn); !errors.Is(err, errCrash) {
 				t.Fatalf("declare = %v, want the crash", err)
 			}
 			_ = conn.Close()
 			conn = dial(t)
-			if err := topo.declare(conn); err != nil {
+			if err := topo.declare(context.Background(), conn); err != nil {
 				t.Fatalf("declare after the crash: %v", err)
 			}
 			checkMigrated(t, conn, q, want)
@@ -204,13 +205,13 @@ func TestMigrateCrashAtEveryStepInTurn(t *testing.T) {
 				return nil
 			}}
 		conn := dial(t)
-		if err := topo.declare(conn); !errors.Is(err, errCrash) {
+		if err := topo.declare(context.Background(), conn); !errors.Is(err, errCrash) {
 			t.Fatalf("run %d (crash at %v/%d): declare = %v, want the crash", i, c.step, c.n, err)
 		}
 		_ = conn.Close()
 	}
 	conn := dial(t)
-	if err := (Topology{Queue: q, Declare: true, Logger: quietLogger()}).declare(conn); err != nil {
+	if err := (Topology{Queue: q, Declare: true, Logger: quietLogger()}).declare(context.Background(), conn); err != nil {
 		t.Fatal(err)
 	}
 	checkMigrated(t, conn, q, want)
@@ -232,14 +233,14 @@ func TestMigrateOneAtATime(t *testing.T) {
 	}
 	conn := dial(t)
 	topo := Topology{Queue: q, Declare: true, Logger: quietLogger()}
-	if err := topo.declare(conn); !errors.Is(err, ErrMigrationBusy) {
+	if err := topo.declare(context.Background(), conn); !errors.Is(err, ErrMigrationBusy) {
 		t.Fatalf("declare while another holds the lock = %v, want ErrMigrationBusy", err)
 	}
 	if kind, _, _ := inspectQueue(conn, DeadLetterQueue(q)); kind != queueOther {
 		t.Fatalf("the old queue was touched while another held the lock")
 	}
 	_ = holder.Close() // the holder crashed: the broker drops its lock
-	if err := topo.declare(conn); err != nil {
+	if err := topo.declare(context.Background(), conn); err != nil {
 		t.Fatal(err)
 	}
 	checkMigrated(t, conn, q, want)
@@ -278,7 +279,7 @@ func TestDeadLetterStreamWithoutDeclare(t *testing.T) {
 				t.Fatal(err)
 			}
 			tt.prepare(t, ch, q)
-			err := Topology{Queue: q, Declare: false, Logger: quietLogger()}.declare(dial(t))
+			err := Topology{Queue: q, Declare: false, Logger: quietLogger()}.declare(context.Background(), dial(t))
 			switch {
 			case tt.want == "" && err != nil:
 				t.Errorf("declare = %v, want nil", err)
@@ -287,6 +288,96 @@ func TestDeadLetterStreamWithoutDeclare(t *testing.T) {
 			}
 			if kind, _, _ := inspectQueue(dial(t), migratingQueue(q)); kind != queueMissing && tt.name != "interrupted move" {
 				t.Error("declare: false created the holding stream")
+			}
+		})
+	}
+}
+
+// The client moves an earlier quorum Q.dlq when it connects, and logs how
+// many dead letters it moved.
+func TestClientMovesTheOldDeadLetterQueueOnConnect(t *testing.T) {
+	t.Parallel()
+	ch := channel(t)
+	q := sourceQueue(t, ch, "migrate-client")
+	want := oldDeadLetters(t, ch, q, 30)
+	var logs syncBuffer
+	c := NewClient(Options{Name: "test", URL: rabbitURL(), Queue: q, Prefetch: 16, Declare: true,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer wcancel()
+	s, err := c.await(wctx)
+	if err != nil {
+		t.Fatalf("not connected: %v", err)
+	}
+	checkMigrated(t, s.conn, q, want)
+	if out := logs.String(); !strings.Contains(out, "the dead-letter queue is a stream now") || !strings.Contains(out, "moved=30") {
+		t.Errorf("the move is not logged with its count:\n%s", out)
+	}
+}
+
+// syncBuffer is a log destination safe for the client's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// A dead-letter stream declared with other arguments (another retention) is
+// used as it is, with a warning; it is never redeclared or moved.
+func TestDeadLetterStreamWithOtherRetention(t *testing.T) {
+	t.Parallel()
+	ch := channel(t)
+	q := sourceQueue(t, ch, "otherretention")
+	if _, err := ch.QueueDeclare(DeadLetterQueue(q), true, false, false, false,
+		amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeStream, amqp.StreamMaxAgeArg: "7D"}); err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	conn := dial(t)
+	topo := Topology{Queue: q, Declare: true, DeadLetterRetention: 14 * 24 * time.Hour, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	if err := topo.declare(context.Background(), conn); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), "arguments differ") {
+		t.Errorf("no warning logged:\n%s", logs.String())
+	}
+	if kind, _, _ := inspectQueue(conn, migratingQueue(q)); kind != queueMissing {
+		t.Error("a stream was moved")
+	}
+}
+
+func TestMaxAge(t *testing.T) {
+	tests := []struct {
+		name string
+		in   time.Duration
+		want string
+	}{
+		{"default", 0, "14D"},
+		{"days", 336 * time.Hour, "14D"},
+		{"hours", 36 * time.Hour, "36h"},
+		{"minutes", 90 * time.Minute, "90m"},
+		{"seconds", 90 * time.Second, "90s"},
+		{"a part of a second counts whole", 1500 * time.Millisecond, "2s"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := maxAge(tt.in); got != tt.want {
+				t.Errorf("maxAge(%v) = %q, want %q", tt.in, got, tt.want)
 			}
 		})
 	}

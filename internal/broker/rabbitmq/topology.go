@@ -1,6 +1,7 @@
 package rabbitmq
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -69,7 +70,7 @@ type queueSpec struct {
 
 // declare checks the source queue and declares (or checks) the derived ones.
 // A failed declaration closes the channel, so each step opens its own.
-func (t Topology) declare(conn *amqp.Connection) error {
+func (t Topology) declare(ctx context.Context, conn *amqp.Connection) error {
 	if err := onChannel(conn, func(ch *amqp.Channel) error {
 		_, err := ch.QueueDeclarePassive(t.Queue, true, false, false, false, nil)
 		return err
@@ -89,7 +90,7 @@ func (t Topology) declare(conn *amqp.Connection) error {
 			return fmt.Errorf("queue %q: %w", q.name, explain(err))
 		}
 	}
-	return t.declareDeadLetter(conn)
+	return t.declareDeadLetter(ctx, conn)
 }
 
 func onChannel(conn *amqp.Connection, f func(*amqp.Channel) error) error {
