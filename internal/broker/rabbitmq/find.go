@@ -10,9 +10,10 @@ import (
 	"handoff.dev/handoff/internal/broker"
 )
 
-// findTimeout bounds one read-back of the dead-letter stream; findSlack is how
-// long before the recorded publish the read starts, for the clocks of the
-// sidecar and the broker (which stamps each chunk) to disagree.
+// findTimeout bounds one read-back of the dead-letter stream (not the wait for
+// a slot to read); findSlack is how long before the recorded publish the read
+// starts, for the clocks of the sidecar and the broker (which stamps each
+// chunk) to disagree.
 const (
 	findTimeout = 30 * time.Second
 	findSlack   = time.Minute
@@ -43,17 +44,20 @@ func (c *Client) FindCopy(ctx context.Context, dest broker.Destination, trail br
 	if err != nil {
 		return false, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, findTimeout)
-	defer cancel()
-	s, err := c.await(ctx)
-	if err != nil {
-		return false, err
-	}
+	// The bound is on the read, not on the wait for a slot: after a crash
+	// many look-ups queue up, and one that gave up waiting would publish a
+	// second copy.
 	select {
 	case c.finding <- struct{}{}:
 		defer func() { <-c.finding }()
 	case <-ctx.Done():
 		return false, ctx.Err()
+	}
+	ctx, cancel := context.WithTimeout(ctx, findTimeout)
+	defer cancel()
+	s, err := c.await(ctx)
+	if err != nil {
+		return false, err
 	}
 	var from any = "first"
 	if !since.IsZero() {
