@@ -155,6 +155,9 @@ func TestParseProblems(t *testing.T) {
 			"sources[0].kafka.group: required", "sources[0].kafka.ordering: want none, key or partition",
 			"sources[0].kafka.fetch_max_bytes: want a number of bytes up to 104857600",
 		}},
+		{"queue name leaves no room for the dead-letter move's lock", replace(t, "queue: orders", "queue: "+strings.Repeat("q", 240)), []string{
+			"sources[0].rabbitmq.queue: too long: derived queue \"" + strings.Repeat("q", 240) + ".dlq.migrating.lock\"",
+		}},
 		{"kafka instance ids", replace(t, `  - name: orders
     rabbitmq:
       url: amqp://guest:guest@127.0.0.1:5672/

@@ -127,8 +127,12 @@ func (r *RabbitMQ) validate(path string, tiers []Duration, ps *Problems) {
 	if r.Queue == "" {
 		ps.add(path+".queue", "required")
 	} else {
-		// The longest derived name is the largest tier's queue.
+		// The longest derived name: the largest tier's queue, or the lock
+		// of a dead-letter queue's move into a stream.
 		longest := r.Queue + ".retry." + broker.TierName(longestTier(tiers))
+		if lock := r.Queue + ".dlq.migrating.lock"; len(lock) > len(longest) {
+			longest = lock
+		}
 		if len(longest) > maxQueueName {
 			ps.add(path+".queue", "too long: derived queue %q passes RabbitMQ's %d-byte limit", longest, maxQueueName)
 		}

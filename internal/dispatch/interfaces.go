@@ -25,7 +25,7 @@ type Transferer interface {
 }
 
 // CopyFinder is what a Transferer whose destinations can be read back (Kafka
-// topics, unlike queues) also offers: after a crash between publishing a
+// topics, RabbitMQ streams) also offers: after a crash between publishing a
 // copy and recording its confirm, the copy is looked for rather than
 // published a second time.
 type CopyFinder interface {
