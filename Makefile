@@ -48,6 +48,7 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzSetHeaders -fuzztime=30s ./internal/handler/
 	$(GO) test -run='^$$' -fuzz=FuzzStructuredHeaders -fuzztime=30s ./internal/handler/
 	$(GO) test -run='^$$' -fuzz=FuzzURL -fuzztime=30s ./internal/redact/
+	$(GO) test -run='^$$' -fuzz=FuzzLedgerRecord -fuzztime=30s ./internal/deadletter/
 
 # Benchmarks: hot-path micro-benchmarks, then the harness: the sidecar
 # binary against hand-written consumers and the loopback ceiling, on the

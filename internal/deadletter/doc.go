@@ -1,0 +1,74 @@
+// Package deadletter keeps dead letters as owned business state (DESIGN §7):
+// each has an identity, a state and a history, the same on every replica.
+//
+// # Two logs in the broker
+//
+// The DLQ is a log of the dead letters themselves: the RabbitMQ stream Q.dlq
+// or the Kafka topic T.G.dlq, written by the sidecar's dead-letter moves. A
+// dead letter's id is its position there (Q.dlq/<offset>,
+// T.G.dlq/<partition>/<offset>, see ID); its entry carries the body, key,
+// headers and the handoff-* evidence (event id, reason, last error and its
+// class, attempts, origin, first failure) and nothing ever changes it.
+//
+// The ledger is a log of transitions beside it: the stream Q.dlq.ledger or
+// the one-partition topic T.G.dlq.ledger, one partition so that it has one
+// order. Each Record is one transition of one dead letter with who made it
+// (the admin token's subject, or the replica that saw a replayed copy's
+// outcome), when, why, and its payload (an approval's repaired body, a
+// replay id, the new dead letter a failed replay became). Records are
+// versioned JSON: a person can read them with the broker's own tools,
+// there is no schema to generate, and a new field or a new kind of record
+// (a replay run, its heartbeat) is added without breaking older readers,
+// which skip a version or kind they do not know. Both logs keep the same
+// retention (deadletter.retention): a record lives at least as long as the
+// dead letter it names, and a repaired body, which may hold personal data as
+// the original does, no longer.
+//
+// # States
+//
+// A dead letter is Pending when its DLQ entry is read. Decide is the one
+// place that says which Transition is legal from which State; Apply decides
+// on the index's latest view, appends the record, confirmed, and reads the
+// ledger back. Every replica derives the states by replaying the ledger in
+// its order through Decide: a record illegal in that order (two replicas
+// decided at once; the later one lost) is refused by every reader alike, so
+// all agree, and its writer gets ErrLost. Expired is never written: each
+// replica derives it when the DLQ's first offset passes an open dead letter.
+//
+// # The index
+//
+// Each replica keeps an Index, a bbolt file of its own (the journal's path
+// with ".deadletters" added), built from the two logs alone, so that it can
+// be deleted at any time and is rebuilt from them. Its buckets: letters (id
+// → Letter: evidence, state, history; not the body, which stays in the DLQ),
+// open (source, dead-lettered-at, id: the oldest open first), counts
+// (source, state → n) and offsets (log, partition → next offset to read),
+// kept in step in each transaction. CatchUp reads the DLQ, then the ledger,
+// from the stored offsets to their ends, in transactions of catchUpBatch
+// messages that store the offsets with what they brought, then expires the
+// open dead letters below the DLQ's first offset, logging and counting each.
+// List, Get and Counts read the index alone.
+//
+// # What plugs in later
+//
+// A replay runner selects approved letters with List, publishes each copy
+// (original or Approval().Repair body, same event id, a new replay id),
+// and records Replay once the publish is confirmed; its run and heartbeat
+// are records of new kinds in the same ledger, which this version skips.
+// The replica that handles a replayed copy (it carries handoff-replay-id)
+// applies Complete, or FailReplay with the new dead letter as successor.
+// The admin API's list, show, approve and terminate are List, Get (plus a
+// read of the DLQ at the letter's position for the body) and Apply; the
+// CLI goes through the admin API. Counts feeds the open-count and
+// oldest-open-age metrics.
+//
+// # Caveats
+//
+// A ledger record that names a DLQ entry appended after the index's last
+// DLQ read keeps its state on a letter that List leaves out until the entry
+// is read. Apply tells its own record by a nonce after reading the ledger
+// back; a read that ends early (a RabbitMQ stream read ends after a quiet
+// spell, see rabbitmq.ReadStream) can make a record that was applied look
+// lost: the next CatchUp shows the truth. A dead letter expired while
+// Replaying stays Expired even if its replayed copy's outcome arrives later.
+package deadletter
