@@ -78,7 +78,7 @@ func testQueue(t *testing.T, conn *amqp.Connection, tiers []time.Duration) strin
 		if err != nil {
 			return
 		}
-		names := []string{name, rabbitmq.RetryQueue(name), rabbitmq.DeadLetterQueue(name)}
+		names := []string{name, rabbitmq.RetryQueue(name), rabbitmq.DeadLetterQueue(name), rabbitmq.LedgerQueue(name)}
 		for _, tier := range tiers {
 			names = append(names, rabbitmq.TierQueue(name, tier))
 		}

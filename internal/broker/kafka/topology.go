@@ -29,7 +29,8 @@ func (c *Client) Declare(ctx context.Context) error {
 		return fmt.Errorf("describe topic %s: %w", c.o.Topic, src.Err)
 	}
 	partitions := int32(len(src.Partitions))
-	want := []string{DeadLetterTopic(c.o.Topic, c.o.Group)}
+	ledger := LedgerTopic(c.o.Topic, c.o.Group)
+	want := []string{DeadLetterTopic(c.o.Topic, c.o.Group), ledger}
 	for t := range c.retry {
 		want = append(want, t)
 	}
@@ -55,10 +56,16 @@ func (c *Client) Declare(ctx context.Context) error {
 	var created []string
 	for _, t := range missing {
 		var configs map[string]*string
-		if t == dlq && c.o.DeadLetterRetention > 0 {
+		// The ledger keeps what the DLQ keeps: a record lives as long as
+		// the dead letter it names. It has one partition: one order.
+		if (t == dlq || t == ledger) && c.o.DeadLetterRetention > 0 {
 			configs = map[string]*string{"retention.ms": kadm.StringPtr(retentionMs(c.o.DeadLetterRetention))}
 		}
-		resp, err := adm.CreateTopics(ctx, partitions, -1, configs, t)
+		n := partitions
+		if t == ledger {
+			n = 1
+		}
+		resp, err := adm.CreateTopics(ctx, n, -1, configs, t)
 		if err != nil {
 			return fmt.Errorf("create topic %s: %w", t, err)
 		}

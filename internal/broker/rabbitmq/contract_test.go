@@ -76,7 +76,7 @@ func sourceQueue(t *testing.T, ch *amqp.Channel, prefix string, tiers ...time.Du
 	}
 	t.Cleanup(func() {
 		cl := channel(t)
-		for _, name := range []string{q, RetryQueue(q), DeadLetterQueue(q), migratingQueue(q)} {
+		for _, name := range []string{q, RetryQueue(q), DeadLetterQueue(q), LedgerQueue(q), migratingQueue(q)} {
 			_, _ = cl.QueueDelete(name, false, false, false)
 		}
 		for _, tier := range tiers {

@@ -258,10 +258,17 @@ func TestDeadLetterStreamWithoutDeclare(t *testing.T) {
 		{"missing", func(*testing.T, *amqp.Channel, string) {}, "does not exist"},
 		{"quorum", func(t *testing.T, ch *amqp.Channel, q string) { oldDeadLetters(t, ch, q, 1) }, "is a quorum queue, not a stream"},
 		{"stream", func(t *testing.T, ch *amqp.Channel, q string) {
+			for _, name := range []string{DeadLetterQueue(q), LedgerQueue(q)} {
+				if _, err := ch.QueueDeclare(name, true, false, false, false, streamArgs(time.Hour)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}, ""},
+		{"ledger missing", func(t *testing.T, ch *amqp.Channel, q string) {
 			if _, err := ch.QueueDeclare(DeadLetterQueue(q), true, false, false, false, streamArgs(time.Hour)); err != nil {
 				t.Fatal(err)
 			}
-		}, ""},
+		}, "ledger stream"},
 		{"interrupted move", func(t *testing.T, ch *amqp.Channel, q string) {
 			for _, name := range []string{DeadLetterQueue(q), migratingQueue(q)} {
 				if _, err := ch.QueueDeclare(name, true, false, false, false, streamArgs(time.Hour)); err != nil {

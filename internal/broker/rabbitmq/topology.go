@@ -42,9 +42,9 @@ type Topology struct {
 	fault func(step migrationStep, n int) error
 }
 
-// queues are the quorum queues of the retry path; the dead-letter stream is
-// declared after them (declareDeadLetter): once it exists, the whole
-// topology does.
+// queues are the quorum queues of the retry path; the dead-letter stream
+// (declareDeadLetter) and then its ledger (declareLedger) are declared after
+// them: once the ledger exists, the whole topology does.
 func (t Topology) queues() []queueSpec {
 	quorum := amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum}
 	specs := []queueSpec{{name: RetryQueue(t.Queue), args: quorum}}
@@ -90,7 +90,10 @@ func (t Topology) declare(ctx context.Context, conn *amqp.Connection) error {
 			return fmt.Errorf("queue %q: %w", q.name, explain(err))
 		}
 	}
-	return t.declareDeadLetter(ctx, conn)
+	if err := t.declareDeadLetter(ctx, conn); err != nil {
+		return err
+	}
+	return t.declareLedger(conn)
 }
 
 func onChannel(conn *amqp.Connection, f func(*amqp.Channel) error) error {
