@@ -59,6 +59,13 @@ func (x *Index) CatchUp(ctx context.Context, src Source) (Caught, error) {
 	return c, nil
 }
 
+// catchUpLedger reads src's ledger alone.
+func (x *Index) catchUpLedger(ctx context.Context, src Source) error {
+	x.catchUp.Lock()
+	defer x.catchUp.Unlock()
+	return x.readLedger(ctx, src, &Caught{})
+}
+
 type logEntry struct {
 	partition int32
 	offset    int64
@@ -131,6 +138,10 @@ func (x *Index) readDLQ(ctx context.Context, src Source, first map[int32]int64, 
 		if !ok {
 			l = Letter{ID: id, Source: src.Name, State: Pending}
 			c.Letters++
+		}
+		if e.at.IsZero() {
+			// A RabbitMQ stream tells an AMQP 0.9.1 reader no time of its own.
+			e.at = x.now()
 		}
 		l.fill(e.at, e.msg)
 		if !ok {
