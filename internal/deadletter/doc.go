@@ -57,10 +57,10 @@
 // are records of new kinds in the same ledger, which this version skips.
 // The replica that handles a replayed copy (it carries handoff-replay-id)
 // applies Complete, or FailReplay with the new dead letter as successor.
-// The admin API's list, show, approve and terminate are List, Get (plus a
-// read of the DLQ at the letter's position for the body) and Apply; the
-// CLI goes through the admin API. Counts feeds the open-count and
-// oldest-open-age metrics.
+// The admin API's list, show, approve and terminate are List, Get (plus
+// Message, which reads the DLQ at the letter's position for the body) and
+// Apply; the CLI goes through the admin API. Counts feeds the open-count
+// and oldest-open-age metrics.
 //
 // # Caveats
 //
@@ -71,4 +71,8 @@
 // spell, see rabbitmq.ReadStream) can make a record that was applied look
 // lost: the next CatchUp shows the truth. A dead letter expired while
 // Replaying stays Expired even if its replayed copy's outcome arrives later.
+// A RabbitMQ stream gives an AMQP 0.9.1 reader no time of its own and a
+// dead-letter copy keeps its original's timestamp property, so a RabbitMQ
+// dead letter is dated when an index first reads it: right while the
+// sidecar runs, late for one read by an index rebuilt afterwards.
 package deadletter

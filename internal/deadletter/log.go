@@ -25,7 +25,7 @@ type Log interface {
 	// Read calls each for every message from from[p] to the log's end as
 	// it was when Read began, in offset order within a partition. A
 	// partition not in from is read from its first offset; an offset below
-	// the first reads from the first.
+	// the first reads from the first, one past the end reads nothing.
 	Read(ctx context.Context, from map[int32]int64, each ReadFunc) error
 }
 
