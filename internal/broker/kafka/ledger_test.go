@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,9 +29,6 @@ func TestTopicLogs(t *testing.T) {
 	t.Cleanup(c.Close)
 	addrs := c.ListenAddrs()
 	cl := newClientWith(t, Options{Brokers: addrs, Topic: "orders", DeadLetterRetention: time.Hour})
-	if err := cl.Declare(ctx); err != nil {
-		t.Fatal(err)
-	}
 	raw, err := kgo.NewClient(kgo.SeedBrokers(addrs...))
 	if err != nil {
 		t.Fatal(err)
@@ -133,4 +133,28 @@ func produceTo(ctx context.Context, addrs []string, r *kgo.Record) error {
 	}
 	defer cl.Close()
 	return cl.ProduceSync(ctx, r).FirstErr()
+}
+
+// A ledger topic of more partitions than one has no one order: the sidecar
+// refuses it rather than let replicas disagree.
+func TestDeclareRefusesALedgerOfManyPartitions(t *testing.T) {
+	ctx := context.Background()
+	addrs := cluster(t, "orders")
+	raw, err := kgo.NewClient(kgo.SeedBrokers(addrs...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	if _, err := kadm.NewClient(raw).CreateTopic(ctx, 3, -1, nil, LedgerTopic("orders", "g")); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := New(Options{Name: "test", Brokers: addrs, Topic: "orders", Group: "g", Declare: true,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cl.Close() }()
+	if err := cl.Declare(ctx); err == nil || !strings.Contains(err.Error(), "has 3 partitions; it needs one") {
+		t.Fatalf("Declare = %v", err)
+	}
 }

@@ -45,6 +45,10 @@ func (c *Client) Declare(ctx context.Context) error {
 			missing = append(missing, t)
 		} else if t == dlq {
 			c.checkRetention(ctx, adm, dlq)
+		} else if t == ledger && len(d.Partitions) != 1 {
+			// Records spread over partitions have no one order, and
+			// replicas would decide the same transitions differently.
+			return fmt.Errorf("dead-letter ledger topic %s has %d partitions; it needs one: delete it, or create it with one", t, len(d.Partitions))
 		}
 	}
 	if len(missing) == 0 {
