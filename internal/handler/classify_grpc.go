@@ -116,15 +116,21 @@ func (c *Classifier) GRPC(resp handlerv1.Outcome, respAfter time.Duration, err e
 	st := status.Convert(err)
 	switch reach {
 	case notSent:
-		switch {
-		case !connected || st.Code() == codes.Unavailable:
+		switch st.Code() {
+		case codes.Unavailable, codes.Canceled:
+			// No connection to the app (refused, nothing listening, TLS
+			// failed): grpc-go fails such a call fast with UNAVAILABLE.
 			return budget.Unreachable, 0
-		case st.Code() == codes.DeadlineExceeded:
-			return budget.Overload, 0
+		case codes.DeadlineExceeded:
+			if connected {
+				return budget.Overload, 0 // waited for a free stream
+			}
+			return budget.Unreachable, 0
 		}
-		// Refused on a live connection before it went out (a header list
-		// the app's limits reject, a message over the size limit): about
-		// this message, not the app. Unreachable would hold intake and
+		// Refused before it went out for a reason of its own (a header
+		// list over the app's limit, a message over the size limit):
+		// about this message, not the app, whatever the connection's
+		// state reads at this instant. Unreachable would hold intake and
 		// try it again for ever, the probe passing each time; the code
 		// table spends its attempts instead.
 		return c.Code(st.Code()), 0
