@@ -228,10 +228,11 @@ func (e *Engine) admit(intake, work context.Context, r *Route, d broker.Delivery
 		wait, leave = e.order.enter(msg.OrderKey)
 	}
 	e.workers.Add(1)
-	forget := e.open[r.Name].enter(e.now())
+	open := e.open[r.Name]
+	id := open.enter(e.now())
 	go func() {
 		defer e.workers.Done()
-		defer forget()
+		defer open.leave(id)
 		defer leave()
 		if wait != nil {
 			select {

@@ -255,8 +255,9 @@ func (h *handoff) copyArrived(ctx context.Context, dest broker.Destination, c *j
 // and carries out the decision; in-place retries loop here. A first attempt
 // deposits into the retry budget; every later one waits for a token first.
 func (h *handoff) attempt(ctx context.Context) {
-	// A token taken for a call that was never made goes back however the
-	// walk ends: shutdown, a lost delivery, the deadline.
+	// A token taken for a call that was never made, or whose call
+	// succeeded, goes back however the walk ends: shutdown, a lost
+	// delivery, the deadline. Only a failed re-attempt keeps it spent.
 	defer h.refund()
 	e, p, t := h.e, h.e.o.Policy, &h.trail
 	recorded := 0 // the attempt number whose ATTEMPT record is written
@@ -279,7 +280,6 @@ func (h *handoff) attempt(ctx context.Context) {
 			budgeted = next
 			now = e.now()
 			if !p.CanAttempt(now, t.Deadline) {
-				h.refund()
 				h.deadLetter(ctx, budget.ReasonDeadline)
 				return
 			}
@@ -300,13 +300,11 @@ func (h *handoff) attempt(ctx context.Context) {
 		if !h.acquire(ctx, next == 1) {
 			// No call was made: nothing is written, so a redelivery is a
 			// fresh attempt, not one cut short.
-			h.refund()
 			return
 		}
 		if now = e.now(); !p.CanAttempt(now, t.Deadline) {
 			// The deadline came while the walk waited for a slot.
 			e.limiter.Release(0)
-			h.refund()
 			h.deadLetter(ctx, budget.ReasonDeadline)
 			return
 		}
@@ -327,7 +325,6 @@ func (h *handoff) attempt(ctx context.Context) {
 		if ctx.Err() != nil {
 			// Shutdown cut the call short: its result says nothing about the app.
 			e.limiter.Release(0)
-			h.refund()
 			h.handBack()
 			return
 		}
@@ -358,15 +355,12 @@ func (h *handoff) attempt(ctx context.Context) {
 			e.gate.hold(ctx)
 			select {
 			case <-ctx.Done():
-				h.refund()
 				h.handBack()
 				return
 			case <-h.intake.Done():
-				h.refund()
 				h.handBack()
 				return
 			case <-h.d.Lost():
-				h.refund()
 				h.logger().Warn("delivery lost while the app was unreachable; the broker redelivers it")
 				return
 			case <-e.gate.openChan():

@@ -81,18 +81,21 @@ type openSet struct {
 
 func newOpenSet() *openSet { return &openSet{at: map[uint64]time.Time{}} }
 
-// enter records a delivery taken at t; the returned func forgets it.
-func (o *openSet) enter(t time.Time) (leave func()) {
+// enter records a delivery taken at t; leave with the id it returns forgets
+// it.
+func (o *openSet) enter(t time.Time) (id uint64) {
 	o.mu.Lock()
-	id := o.next
+	id = o.next
 	o.next++
 	o.at[id] = t
 	o.mu.Unlock()
-	return func() {
-		o.mu.Lock()
-		delete(o.at, id)
-		o.mu.Unlock()
-	}
+	return id
+}
+
+func (o *openSet) leave(id uint64) {
+	o.mu.Lock()
+	delete(o.at, id)
+	o.mu.Unlock()
 }
 
 // reading is how many deliveries are open and when the oldest was taken.
