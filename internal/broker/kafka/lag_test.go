@@ -20,17 +20,11 @@ func TestRetryLag(t *testing.T) {
 	// The client's view of topics just created (by Declare) takes a while
 	// to catch up.
 	var lags []TierLag
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	waitUntil(t, 15*time.Second, "the retry topics' lag", func() bool {
 		var err error
-		if lags, err = c.RetryLag(ctx); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		lags, err = c.RetryLag(ctx)
+		return err == nil
+	})
 	if len(lags) != 2 || lags[0].Lag != 0 || lags[1].Lag != 0 || lags[1].Topic != RetryTopic("orders", "g", time.Minute) {
 		t.Fatalf("before any copy: %+v", lags)
 	}

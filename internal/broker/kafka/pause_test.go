@@ -128,13 +128,7 @@ func testStaticRestartWhilePaused(t *testing.T, addrs []string, topic, group str
 		}
 		return out
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for len(missing()) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("copies never handed out after the restart: %v", missing())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitUntil(t, 20*time.Second, "every unsettled copy handed out after the restart", func() bool { return len(missing()) == 0 })
 	t.Logf("restarted member handed out every unsettled copy %v after it started", time.Since(restarted).Round(10*time.Millisecond))
 }
 
