@@ -1,0 +1,74 @@
+package dispatch
+
+import (
+	"context"
+	"time"
+
+	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/budget"
+	"handoff.dev/handoff/internal/journal"
+)
+
+func (h *handoff) deadLetter(ctx context.Context, reason budget.Reason, before ...journal.Record) {
+	h.trail.DeadReason = string(reason)
+	h.trail.NextDue = time.Time{}
+	h.logger().Info("dead-lettering", "reason", reason, "attempt", h.trail.Attempt, "error", h.trail.Error)
+	h.transfer(ctx, nil, broker.Destination{DeadLetter: true}, "dead-letter", before...)
+}
+
+// Transfer backoff bounds: a failing transfer is retried for as long as the
+// delivery is in hand.
+const (
+	transferBackoffMin = 100 * time.Millisecond
+	transferBackoffMax = 5 * time.Second
+)
+
+// transfer makes the next hop's copy and settles this one: journal
+// TRANSFERRING (with before, in the same commit), publish and wait for the
+// broker's confirm, journal TRANSFERRED, and only then ack. trail, when not
+// nil, is a copy's recorded headers to publish again exactly.
+func (h *handoff) transfer(ctx context.Context, trail broker.Headers, dest broker.Destination, why string, before ...journal.Record) {
+	next := h.trail.Hops + 1
+	if trail == nil {
+		copyTrail := h.trail
+		copyTrail.Hops = next
+		trail = copyTrail.Headers()
+		// The copy is written down before it exists: after a crash the
+		// journal says it may exist, and it is published again.
+		recs := append(before, journal.Record{Kind: journal.Transferring, Hop: next, Attempt: copyTrail.Attempt,
+			Dest: dest.String(), Detail: why, Trail: trail})
+		if !h.journal(ctx, recs...) {
+			return
+		}
+	}
+	backoff := transferBackoffMin
+	for {
+		err := h.r.Transfer.Transfer(ctx, dest, h.msg, trail)
+		if err == nil {
+			break
+		}
+		// Ack only after the copy is confirmed: acking first loses the
+		// message if the copy never arrives.
+		h.logger().Warn("transfer failed; source message stays unacked", "to", dest, "why", why, "err", err, "retry_in", backoff)
+		select {
+		case <-ctx.Done():
+			h.handBack()
+			return
+		case <-h.d.Lost():
+			h.logger().Warn("delivery lost before its copy was transferred; the broker redelivers it")
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, transferBackoffMax)
+	}
+	if h.fault(WindowPublished) {
+		return
+	}
+	if !h.journal(ctx, journal.Record{Kind: journal.Transferred, Hop: next, Dest: dest.String()}) {
+		return
+	}
+	if h.fault(WindowConfirmed) {
+		return
+	}
+	h.settle("transferred to " + dest.String())
+}
