@@ -85,17 +85,9 @@ admin: {listen: "127.0.0.1:0"}
 journal: {path: %q}
 `, a.url(), strings.Join(brokers, ","), topic, group, transactional, filepath.Join(t.TempDir(), "handoff.db")))
 
-	var ids []string
+	ids := mixedWorkload(400)
 	var recs []*kgo.Record
-	for i := range 400 {
-		id := fmt.Sprintf("ok-%d", i)
-		switch {
-		case i%10 == 0:
-			id = fmt.Sprintf("poison-%d", i)
-		case i%10 < 4:
-			id = fmt.Sprintf("flaky-%d", i)
-		}
-		ids = append(ids, id)
+	for i, id := range ids {
 		recs = append(recs, &kgo.Record{Topic: topic, Key: []byte(fmt.Sprint(i % 30)), Value: []byte(id),
 			Headers: []kgo.RecordHeader{{Key: "ce_id", Value: []byte(id)}}})
 	}

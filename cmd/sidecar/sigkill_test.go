@@ -163,17 +163,7 @@ admin: {listen: "127.0.0.1:0"}
 journal: {path: %q}
 `, a.url(), target.source, killTier, filepath.Join(t.TempDir(), "handoff.db")))
 
-	var ids []string
-	for i := range 600 {
-		id := fmt.Sprintf("ok-%d", i)
-		switch {
-		case i%10 == 0:
-			id = fmt.Sprintf("poison-%d", i)
-		case i%10 < 4:
-			id = fmt.Sprintf("flaky-%d", i)
-		}
-		ids = append(ids, id)
-	}
+	ids := mixedWorkload(600)
 	target.publish(ids)
 
 	var logs bytes.Buffer
@@ -282,4 +272,21 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// mixedWorkload names n messages of a kill test by what the app does with
+// them: one in ten poison (422), three in ten flaky (500 once), the rest ok.
+func mixedWorkload(n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		switch {
+		case i%10 == 0:
+			ids[i] = fmt.Sprintf("poison-%d", i)
+		case i%10 < 4:
+			ids[i] = fmt.Sprintf("flaky-%d", i)
+		default:
+			ids[i] = fmt.Sprintf("ok-%d", i)
+		}
+	}
+	return ids
 }
