@@ -23,6 +23,12 @@ const (
 	HeaderOrigin         = "handoff-origin"
 	HeaderDeadReason     = "handoff-dead-reason"
 	HeaderReplayID       = "handoff-replay-id"
+	// HeaderReplayOf names the dead letter (its id, Q.dlq/<offset> or
+	// T.G.dlq/<partition>/<offset>) that a replayed copy replays.
+	HeaderReplayOf = "handoff-replay-of"
+	// HeaderDeadLetteredAt is when a dead-letter copy was made: a RabbitMQ
+	// stream tells an AMQP 0.9.1 reader no time of its own.
+	HeaderDeadLetteredAt = "handoff-dead-lettered-at"
 )
 
 // TimeLayout is how times are written in handoff-* headers: RFC 3339 in UTC
@@ -54,6 +60,10 @@ type Trail struct {
 	Origin         string
 	DeadReason     string
 	ReplayID       string
+	// ReplayOf is the dead letter a replayed copy replays.
+	ReplayOf string
+	// DeadLetteredAt is set on a dead-letter copy: when it was made.
+	DeadLetteredAt time.Time
 }
 
 // Headers returns t as handoff-* headers. The event id and attempt are always
@@ -88,6 +98,8 @@ func (t *Trail) Headers() Headers {
 	set(HeaderOrigin, t.Origin)
 	set(HeaderDeadReason, t.DeadReason)
 	set(HeaderReplayID, t.ReplayID)
+	set(HeaderReplayOf, t.ReplayOf)
+	setTime(HeaderDeadLetteredAt, t.DeadLetteredAt)
 	return h
 }
 
@@ -143,6 +155,12 @@ func ParseTrail(h Headers) (Trail, error) {
 	t.Origin = h[HeaderOrigin]
 	t.DeadReason = h[HeaderDeadReason]
 	t.ReplayID = h[HeaderReplayID]
+	t.ReplayOf = h[HeaderReplayOf]
+	if v, ok := h[HeaderDeadLetteredAt]; ok {
+		if t.DeadLetteredAt, err = time.Parse(time.RFC3339Nano, v); err != nil {
+			return t, fmt.Errorf("%s: %q is not an RFC 3339 time", HeaderDeadLetteredAt, v)
+		}
+	}
 	return t, nil
 }
 

@@ -859,6 +859,1514 @@ func (x *Step) GetText() string {
 	return ""
 }
 
+type ListDeadLettersRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Empty selects every source.
+	Source string `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	// Any of these states (pending, approved, replaying, done, failed-replay,
+	// terminated, expired); empty selects all.
+	States []string `protobuf:"bytes,2,rep,name=states,proto3" json:"states,omitempty"`
+	Reason string   `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Dead-lettered at or after since, and before until.
+	Since *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
+	Until *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=until,proto3" json:"until,omitempty"`
+	// At most 1000; 100 when 0.
+	PageSize int32 `protobuf:"varint,6,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The next_page_token of the page before.
+	PageToken     string `protobuf:"bytes,7,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDeadLettersRequest) Reset() {
+	*x = ListDeadLettersRequest{}
+	mi := &file_admin_v1_admin_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDeadLettersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDeadLettersRequest) ProtoMessage() {}
+
+func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_v1_admin_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
+func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ListDeadLettersRequest) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *ListDeadLettersRequest) GetStates() []string {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
+func (x *ListDeadLettersRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ListDeadLettersRequest) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *ListDeadLettersRequest) GetUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Until
+	}
+	return nil
+}
+
+func (x *ListDeadLettersRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListDeadLettersRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListDeadLettersResponse struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	DeadLetters []*DeadLetter          `protobuf:"bytes,1,rep,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
+	// Empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// One per source asked about, from the whole index (not this page).
+	Counts        []*DeadLetterCounts `protobuf:"bytes,3,rep,name=counts,proto3" json:"counts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDeadLettersResponse) Reset() {
+	*x = ListDeadLettersResponse{}
+	mi := &file_admin_v1_admin_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDeadLettersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDeadLettersResponse) ProtoMessage() {}
+
+func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_v1_admin_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
+func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ListDeadLettersResponse) GetDeadLetters() []*DeadLetter {
+	if x != nil {
+		return x.DeadLetters
+	}
+	return nil
+}
+
+func (x *ListDeadLettersResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+func (x *ListDeadLettersResponse) GetCounts() []*DeadLetterCounts {
+	if x != nil {
+		return x.Counts
+	}
+	return nil
+}
+
+// DeadLetterCounts is what an operator watches for one source: the open
+// count and the oldest open dead letter's age, never "the queue is empty".
+type DeadLetterCounts struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Source string                 `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	// By state; a state with none is left out.
+	ByState       map[string]int64       `protobuf:"bytes,2,rep,name=by_state,json=byState,proto3" json:"by_state,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Open          int64                  `protobuf:"varint,3,opt,name=open,proto3" json:"open,omitempty"`
+	OldestOpenAt  *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=oldest_open_at,json=oldestOpenAt,proto3" json:"oldest_open_at,omitempty"`
+	OldestOpenAge *durationpb.Duration   `protobuf:"bytes,5,opt,name=oldest_open_age,json=oldestOpenAge,proto3" json:"oldest_open_age,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeadLetterCounts) Reset() {
+	*x = DeadLetterCounts{}
+	mi := &file_admin_v1_admin_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeadLetterCounts) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeadLetterCounts) ProtoMessage() {}
+
+func (x *DeadLetterCounts) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_v1_admin_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeadLetterCounts.ProtoReflect.Descriptor instead.
+func (*DeadLetterCounts) Descriptor() ([]byte, []int) {
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *DeadLetterCounts) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *DeadLetterCounts) GetByState() map[string]int64 {
+	if x != nil {
+		return x.ByState
+	}
+	return nil
+}
+
+func (x *DeadLetterCounts) GetOpen() int64 {
+	if x != nil {
+		return x.Open
+	}
+	return 0
+}
+
+func (x *DeadLetterCounts) GetOldestOpenAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.OldestOpenAt
+	}
+	return nil
+}
+
+func (x *DeadLetterCounts) GetOldestOpenAge() *durationpb.Duration {
+	if x != nil {
+		return x.OldestOpenAge
+	}
+	return nil
+}
+
+// DeadLetter is one dead letter. A list carries no body and no history.
+type DeadLetter struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Its position in the DLQ: Q.dlq/<offset> or T.G.dlq/<partition>/<offset>.
+	Id         string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Source     string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	State      string `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	EventId    string `protobuf:"bytes,4,opt,name=event_id,json=eventId,proto3" json:"event_id,omitempty"`
+	Reason     string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	Error      string `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
+	ErrorClass string `protobuf:"bytes,7,opt,name=error_class,json=errorClass,proto3" json:"error_class,omitempty"`
+	Attempts   int32  `protobuf:"varint,8,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	Origin     string `protobuf:"bytes,9,opt,name=origin,proto3" json:"origin,omitempty"`
+	// Set when this dead letter is a replayed copy that failed again.
+	ReplayId string `protobuf:"bytes,10,opt,name=replay_id,json=replayId,proto3" json:"replay_id,omitempty"`
+	// The dead letter it is a failed replay of, if it is one.
+	ReplayOf       string                 `protobuf:"bytes,11,opt,name=replay_of,json=replayOf,proto3" json:"replay_of,omitempty"`
+	FirstFailureAt *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=first_failure_at,json=firstFailureAt,proto3" json:"first_failure_at,omitempty"`
+	DeadLetteredAt *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=dead_lettered_at,json=deadLetteredAt,proto3" json:"dead_lettered_at,omitempty"`
+	ContentType    string                 `protobuf:"bytes,14,opt,name=content_type,json=contentType,proto3" json:"content_type,omitempty"`
+	Key            []byte                 `protobuf:"bytes,15,opt,name=key,proto3" json:"key,omitempty"`
+	BodySize       int64                  `protobuf:"varint,16,opt,name=body_size,json=bodySize,proto3" json:"body_size,omitempty"`
+	Headers        map[string]string      `protobuf:"bytes,17,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Show only: the body, cut at body_limit bytes (body_truncated says so).
+	Body          []byte `protobuf:"bytes,18,opt,name=body,proto3" json:"body,omitempty"`
+	BodyTruncated bool   `protobuf:"varint,19,opt,name=body_truncated,json=bodyTruncated,proto3" json:"body_truncated,omitempty"`
+	// Show only: why the body could not be read (retention removed it).
+	BodyError string `protobuf:"bytes,20,opt,name=body_error,json=bodyError,proto3" json:"body_error,omitempty"`
+	// Show only: the approved repair, if any.
+	Repair *Repair `protobuf:"bytes,21,opt,name=repair,proto3" json:"repair,omitempty"`
+	// Show only: every ledger record of it, oldest first.
+	History []*LedgerRecord `protobuf:"bytes,22,rep,name=history,proto3" json:"history,omitempty"`
+	// Show only: the hand-offs this replica's journal holds for its event.
+	Handoffs []*Handoff `protobuf:"bytes,23,rep,name=handoffs,proto3" json:"handoffs,omitempty"`
+	// The dead letter a failed replay of this one became.
+	Successor     string `protobuf:"bytes,24,opt,name=successor,proto3" json:"successor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeadLetter) Reset() {
+	*x = DeadLetter{}
+	mi := &file_admin_v1_admin_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeadLetter) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeadLetter) ProtoMessage() {}
+
+func (x *DeadLetter) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_v1_admin_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
+func (*DeadLetter) Descriptor() ([]byte, []int) {
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *DeadLetter) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetEventId() string {
+	if x != nil {
+		return x.EventId
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetErrorClass() string {
+	if x != nil {
+		return x.ErrorClass
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetAttempts() int32 {
+	if x != nil {
+		return x.Attempts
+	}
+	return 0
+}
+
+func (x *DeadLetter) GetOrigin() string {
+	if x != nil {
+		return x.Origin
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetReplayId() string {
+	if x != nil {
+		return x.ReplayId
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetReplayOf() string {
+	if x != nil {
+		return x.ReplayOf
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetFirstFailureAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.FirstFailureAt
+	}
+	return nil
+}
+
+func (x *DeadLetter) GetDeadLetteredAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DeadLetteredAt
+	}
+	return nil
+}
+
+func (x *DeadLetter) GetContentType() string {
+	if x != nil {
+		return x.ContentType
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *DeadLetter) GetBodySize() int64 {
+	if x != nil {
+		return x.BodySize
+	}
+	return 0
+}
+
+func (x *DeadLetter) GetHeaders() map[string]string {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+func (x *DeadLetter) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *DeadLetter) GetBodyTruncated() bool {
+	if x != nil {
+		return x.BodyTruncated
+	}
+	return false
+}
+
+func (x *DeadLetter) GetBodyError() string {
+	if x != nil {
+		return x.BodyError
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetRepair() *Repair {
+	if x != nil {
+		return x.Repair
+	}
+	return nil
+}
+
+func (x *DeadLetter) GetHistory() []*LedgerRecord {
+	if x != nil {
+		return x.History
+	}
+	return nil
+}
+
+func (x *DeadLetter) GetHandoffs() []*Handoff {
+	if x != nil {
+		return x.Handoffs
+	}
+	return nil
+}
+
+func (x *DeadLetter) GetSuccessor() string {
+	if x != nil {
+		return x.Successor
+	}
+	return ""
+}
+
+// Repair is a body to replay instead of the original, which stays in the
+// DLQ for audit.
+type Repair struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Body          []byte                 `protobuf:"bytes,1,opt,name=body,proto3" json:"body,omitempty"`
+	ContentType   string                 `protobuf:"bytes,2,opt,name=content_type,json=contentType,proto3" json:"content_type,omitempty"`
+	Note          string                 `protobuf:"bytes,3,opt,name=note,proto3" json:"note,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Repair) Reset() {
+	*x = Repair{}
+	mi := &file_admin_v1_admin_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Repair) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Repair) ProtoMessage() {}
+
+func (x *Repair) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_v1_admin_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Repair.ProtoReflect.Descriptor instead.
+func (*Repair) Descriptor() ([]byte, []int) {
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *Repair) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *Repair) GetContentType() string {
+	if x != nil {
+		return x.ContentType
+	}
+	return ""
+}
+
+func (x *Repair) GetNote() string {
+	if x != nil {
+		return x.Note
+	}
+	return ""
+}
+
+// LedgerRecord is one transition.
+type LedgerRecord struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Transition string                 `protobuf:"bytes,1,opt,name=transition,proto3" json:"transition,omitempty"`
+	State      string                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	// The admin token's subject, or the replica that saw an outcome.
+	Who           string                 `protobuf:"bytes,3,opt,name=who,proto3" json:"who,omitempty"`
+	At            *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=at,proto3" json:"at,omitempty"`
+	Why           string                 `protobuf:"bytes,5,opt,name=why,proto3" json:"why,omitempty"`
+	ReplayId      string                 `protobuf:"bytes,6,opt,name=replay_id,json=replayId,proto3" json:"replay_id,omitempty"`
+	Successor     string                 `protobuf:"bytes,7,opt,name=successor,proto3" json:"successor,omitempty"`
+	Repair        *Repair                `protobuf:"bytes,8,opt,name=repair,proto3" json:"repair,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LedgerRecord) Reset() {
+	*x = LedgerRecord{}
+	mi := &file_admin_v1_admin_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LedgerRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LedgerRecord) ProtoMessage() {}
+
+func (x *LedgerRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_v1_admin_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LedgerRecord.ProtoReflect.Descriptor instead.
+func (*LedgerRecord) Descriptor() ([]byte, []int) {
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *LedgerRecord) GetTransition() string {
+	if x != nil {
+		return x.Transition
+	}
+	return ""
+}
+
+func (x *LedgerRecord) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *LedgerRecord) GetWho() string {
+	if x != nil {
+		return x.Who
+	}
+	return ""
+}
+
+func (x *LedgerRecord) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *LedgerRecord) GetWhy() string {
+	if x != nil {
+		return x.Why
+	}
+	return ""
+}
+
+func (x *LedgerRecord) GetReplayId() string {
+	if x != nil {
+		return x.ReplayId
+	}
+	return ""
+}
+
+func (x *LedgerRecord) GetSuccessor() string {
+	if x != nil {
+		return x.Successor
+	}
+	return ""
+}
+
+func (x *LedgerRecord) GetRepair() *Repair {
+	if x != nil {
+		return x.Repair
+	}
+	return nil
+}
+
+type GetDeadLetterRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// How much of the body to show: 64 KiB when 0, at most 1 MiB.
+	BodyLimit     int32 `protobuf:"varint,2,opt,name=body_limit,json=bodyLimit,proto3" json:"body_limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetDeadLetterRequest) Reset() {
+	*x = GetDeadLetterRequest{}
+	mi := &file_admin_v1_admin_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetDeadLetterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetDeadLetterRequest) ProtoMessage() {}
+
+func (x *GetDeadLetterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_v1_admin_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetDeadLetterRequest.ProtoReflect.Descriptor instead.
+func (*GetDeadLetterRequest) Descriptor() ([]byte, []int) {
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *GetDeadLetterRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *GetDeadLetterRequest) GetBodyLimit() int32 {
+	if x != nil {
+		return x.BodyLimit
+	}
+	return 0
+}
+
+type ApproveDeadLetterRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Why it may be replayed: required.
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// A repaired body to replay instead of the original; empty replays the
+	// original.
+	RepairBody []byte `protobuf:"bytes,3,opt,name=repair_body,json=repairBody,proto3" json:"repair_body,omitempty"`
+	// The repaired body's content type; the original's when empty.
+	RepairContentType string `protobuf:"bytes,4,opt,name=repair_content_type,json=repairContentType,proto3" json:"repair_content_type,omitempty"`
+	RepairNote        string `protobuf:"bytes,5,opt,name=repair_note,json=repairNote,proto3" json:"repair_note,omitempty"`
+	// Who is acting, recorded after the token's subject (not verified).
+	Operator      string `protobuf:"bytes,6,opt,name=operator,proto3" json:"operator,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApproveDeadLetterRequest) Reset() {
+	*x = ApproveDeadLetterRequest{}
+	mi := &file_admin_v1_admin_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApproveDeadLetterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApproveDeadLetterRequest) ProtoMessage() {}
+
+func (x *ApproveDeadLetterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_v1_admin_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApproveDeadLetterRequest.ProtoReflect.Descriptor instead.
+func (*ApproveDeadLetterRequest) Descriptor() ([]byte, []int) {
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ApproveDeadLetterRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ApproveDeadLetterRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ApproveDeadLetterRequest) GetRepairBody() []byte {
+	if x != nil {
+		return x.RepairBody
+	}
+	return nil
+}
+
+func (x *ApproveDeadLetterRequest) GetRepairContentType() string {
+	if x != nil {
+		return x.RepairContentType
+	}
+	return ""
+}
+
+func (x *ApproveDeadLetterRequest) GetRepairNote() string {
+	if x != nil {
+		return x.RepairNote
+	}
+	return ""
+}
+
+func (x *ApproveDeadLetterRequest) GetOperator() string {
+	if x != nil {
+		return x.Operator
+	}
+	return ""
+}
+
+type TerminateDeadLetterRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Why it is closed without a replay: required.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	Operator      string `protobuf:"bytes,3,opt,name=operator,proto3" json:"operator,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TerminateDeadLetterRequest) Reset() {
+	*x = TerminateDeadLetterRequest{}
+	mi := &file_admin_v1_admin_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TerminateDeadLetterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TerminateDeadLetterRequest) ProtoMessage() {}
+
+func (x *TerminateDeadLetterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_v1_admin_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TerminateDeadLetterRequest.ProtoReflect.Descriptor instead.
+func (*TerminateDeadLetterRequest) Descriptor() ([]byte, []int) {
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *TerminateDeadLetterRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *TerminateDeadLetterRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *TerminateDeadLetterRequest) GetOperator() string {
+	if x != nil {
+		return x.Operator
+	}
+	return ""
+}
+
+type CreateReplayRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Either ids, or a selection by source (required then), reason, time
+	// range and states (approved when empty).
+	Ids    []string               `protobuf:"bytes,1,rep,name=ids,proto3" json:"ids,omitempty"`
+	Source string                 `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	Reason string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	Since  *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
+	Until  *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=until,proto3" json:"until,omitempty"`
+	States []string               `protobuf:"bytes,6,rep,name=states,proto3" json:"states,omitempty"`
+	// Replay pending dead letters too, approving them on the way.
+	Force bool `protobuf:"varint,7,opt,name=force,proto3" json:"force,omitempty"`
+	// Messages published per second; 10 when 0.
+	RatePerSecond float64 `protobuf:"fixed64,8,opt,name=rate_per_second,json=ratePerSecond,proto3" json:"rate_per_second,omitempty"`
+	// Published between two checks of the stop threshold, a cancel and the
+	// app's pressure; 10 when 0.
+	BatchSize int32 `protobuf:"varint,9,opt,name=batch_size,json=batchSize,proto3" json:"batch_size,omitempty"`
+	// Published first, then the run waits for their outcomes before going on;
+	// 0 for no sample.
+	Sample int32 `protobuf:"varint,10,opt,name=sample,proto3" json:"sample,omitempty"`
+	// Stop when more than this share of the replayed copies' known outcomes
+	// are failures; 0.5 when 0; 1 never stops.
+	StopFailureRatio float64 `protobuf:"fixed64,11,opt,name=stop_failure_ratio,json=stopFailureRatio,proto3" json:"stop_failure_ratio,omitempty"`
+	// Say what would be replayed, and start nothing.
+	DryRun bool `protobuf:"varint,12,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// Why: recorded with the run.
+	Why      string `protobuf:"bytes,13,opt,name=why,proto3" json:"why,omitempty"`
+	Operator string `protobuf:"bytes,14,opt,name=operator,proto3" json:"operator,omitempty"`
+	// How long the sample's outcomes are waited for; 5m when 0.
+	SampleTimeout *durationpb.Duration `protobuf:"bytes,15,opt,name=sample_timeout,json=sampleTimeout,proto3" json:"sample_timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateReplayRequest) Reset() {
+	*x = CreateReplayRequest{}
+	mi := &file_admin_v1_admin_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateReplayRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateReplayRequest) ProtoMessage() {}
+
+func (x *CreateReplayRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_v1_admin_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateReplayRequest.ProtoReflect.Descriptor instead.
+func (*CreateReplayRequest) Descriptor() ([]byte, []int) {
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *CreateReplayRequest) GetIds() []string {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
+func (x *CreateReplayRequest) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *CreateReplayRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *CreateReplayRequest) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *CreateReplayRequest) GetUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Until
+	}
+	return nil
+}
+
+func (x *CreateReplayRequest) GetStates() []string {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
+func (x *CreateReplayRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+func (x *CreateReplayRequest) GetRatePerSecond() float64 {
+	if x != nil {
+		return x.RatePerSecond
+	}
+	return 0
+}
+
+func (x *CreateReplayRequest) GetBatchSize() int32 {
+	if x != nil {
+		return x.BatchSize
+	}
+	return 0
+}
+
+func (x *CreateReplayRequest) GetSample() int32 {
+	if x != nil {
+		return x.Sample
+	}
+	return 0
+}
+
+func (x *CreateReplayRequest) GetStopFailureRatio() float64 {
+	if x != nil {
+		return x.StopFailureRatio
+	}
+	return 0
+}
+
+func (x *CreateReplayRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+func (x *CreateReplayRequest) GetWhy() string {
+	if x != nil {
+		return x.Why
+	}
+	return ""
+}
+
+func (x *CreateReplayRequest) GetOperator() string {
+	if x != nil {
+		return x.Operator
+	}
+	return ""
+}
+
+func (x *CreateReplayRequest) GetSampleTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.SampleTimeout
+	}
+	return nil
+}
+
+type GetReplayRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetReplayRequest) Reset() {
+	*x = GetReplayRequest{}
+	mi := &file_admin_v1_admin_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetReplayRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetReplayRequest) ProtoMessage() {}
+
+func (x *GetReplayRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_v1_admin_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetReplayRequest.ProtoReflect.Descriptor instead.
+func (*GetReplayRequest) Descriptor() ([]byte, []int) {
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *GetReplayRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type CancelReplayRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	Operator      string                 `protobuf:"bytes,3,opt,name=operator,proto3" json:"operator,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelReplayRequest) Reset() {
+	*x = CancelReplayRequest{}
+	mi := &file_admin_v1_admin_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelReplayRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelReplayRequest) ProtoMessage() {}
+
+func (x *CancelReplayRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_v1_admin_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelReplayRequest.ProtoReflect.Descriptor instead.
+func (*CancelReplayRequest) Descriptor() ([]byte, []int) {
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *CancelReplayRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *CancelReplayRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *CancelReplayRequest) GetOperator() string {
+	if x != nil {
+		return x.Operator
+	}
+	return ""
+}
+
+type ListReplaysRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Source        string                 `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListReplaysRequest) Reset() {
+	*x = ListReplaysRequest{}
+	mi := &file_admin_v1_admin_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListReplaysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListReplaysRequest) ProtoMessage() {}
+
+func (x *ListReplaysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_v1_admin_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListReplaysRequest.ProtoReflect.Descriptor instead.
+func (*ListReplaysRequest) Descriptor() ([]byte, []int) {
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ListReplaysRequest) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+type ListReplaysResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Replays       []*Replay              `protobuf:"bytes,1,rep,name=replays,proto3" json:"replays,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListReplaysResponse) Reset() {
+	*x = ListReplaysResponse{}
+	mi := &file_admin_v1_admin_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListReplaysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListReplaysResponse) ProtoMessage() {}
+
+func (x *ListReplaysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_v1_admin_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListReplaysResponse.ProtoReflect.Descriptor instead.
+func (*ListReplaysResponse) Descriptor() ([]byte, []int) {
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ListReplaysResponse) GetReplays() []*Replay {
+	if x != nil {
+		return x.Replays
+	}
+	return nil
+}
+
+// Replay is a replay run: its spec, its state and its progress, the same on
+// every replica (progress is read from the ledger).
+type Replay struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The replay id every replayed copy carries as handoff-replay-id.
+	Id     string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Source string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	// running, completed (every selected dead letter was published or
+	// skipped), stopped (the stop threshold or the sample's wait), cancelled.
+	State string `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	// Why it ended, or why it is paused now.
+	Detail string `protobuf:"bytes,4,opt,name=detail,proto3" json:"detail,omitempty"`
+	Paused bool   `protobuf:"varint,5,opt,name=paused,proto3" json:"paused,omitempty"`
+	// The replica running it, and its last heartbeat.
+	Runner           string                 `protobuf:"bytes,6,opt,name=runner,proto3" json:"runner,omitempty"`
+	HeartbeatAt      *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=heartbeat_at,json=heartbeatAt,proto3" json:"heartbeat_at,omitempty"`
+	CreatedBy        string                 `protobuf:"bytes,8,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
+	CreatedAt        *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	EndedAt          *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
+	Why              string                 `protobuf:"bytes,11,opt,name=why,proto3" json:"why,omitempty"`
+	RatePerSecond    float64                `protobuf:"fixed64,12,opt,name=rate_per_second,json=ratePerSecond,proto3" json:"rate_per_second,omitempty"`
+	BatchSize        int32                  `protobuf:"varint,13,opt,name=batch_size,json=batchSize,proto3" json:"batch_size,omitempty"`
+	Sample           int32                  `protobuf:"varint,14,opt,name=sample,proto3" json:"sample,omitempty"`
+	StopFailureRatio float64                `protobuf:"fixed64,15,opt,name=stop_failure_ratio,json=stopFailureRatio,proto3" json:"stop_failure_ratio,omitempty"`
+	Force            bool                   `protobuf:"varint,16,opt,name=force,proto3" json:"force,omitempty"`
+	Progress         *Progress              `protobuf:"bytes,17,opt,name=progress,proto3" json:"progress,omitempty"`
+	// The selected ids (a dry run's answer; a run's on request of one).
+	Ids           []string `protobuf:"bytes,18,rep,name=ids,proto3" json:"ids,omitempty"`
+	DryRun        bool     `protobuf:"varint,19,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Replay) Reset() {
+	*x = Replay{}
+	mi := &file_admin_v1_admin_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Replay) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Replay) ProtoMessage() {}
+
+func (x *Replay) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_v1_admin_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Replay.ProtoReflect.Descriptor instead.
+func (*Replay) Descriptor() ([]byte, []int) {
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *Replay) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Replay) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *Replay) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *Replay) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *Replay) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
+}
+
+func (x *Replay) GetRunner() string {
+	if x != nil {
+		return x.Runner
+	}
+	return ""
+}
+
+func (x *Replay) GetHeartbeatAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.HeartbeatAt
+	}
+	return nil
+}
+
+func (x *Replay) GetCreatedBy() string {
+	if x != nil {
+		return x.CreatedBy
+	}
+	return ""
+}
+
+func (x *Replay) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *Replay) GetEndedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndedAt
+	}
+	return nil
+}
+
+func (x *Replay) GetWhy() string {
+	if x != nil {
+		return x.Why
+	}
+	return ""
+}
+
+func (x *Replay) GetRatePerSecond() float64 {
+	if x != nil {
+		return x.RatePerSecond
+	}
+	return 0
+}
+
+func (x *Replay) GetBatchSize() int32 {
+	if x != nil {
+		return x.BatchSize
+	}
+	return 0
+}
+
+func (x *Replay) GetSample() int32 {
+	if x != nil {
+		return x.Sample
+	}
+	return 0
+}
+
+func (x *Replay) GetStopFailureRatio() float64 {
+	if x != nil {
+		return x.StopFailureRatio
+	}
+	return 0
+}
+
+func (x *Replay) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+func (x *Replay) GetProgress() *Progress {
+	if x != nil {
+		return x.Progress
+	}
+	return nil
+}
+
+func (x *Replay) GetIds() []string {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
+func (x *Replay) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+type Progress struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Selected int64                  `protobuf:"varint,1,opt,name=selected,proto3" json:"selected,omitempty"`
+	// Published, confirmed, and recorded in the ledger.
+	Published int64 `protobuf:"varint,2,opt,name=published,proto3" json:"published,omitempty"`
+	// The app handled the replayed copy.
+	Handled int64 `protobuf:"varint,3,opt,name=handled,proto3" json:"handled,omitempty"`
+	// The replayed copy became a new dead letter.
+	Failed int64 `protobuf:"varint,4,opt,name=failed,proto3" json:"failed,omitempty"`
+	// Still to publish.
+	Remaining int64 `protobuf:"varint,5,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	// Not to be published: closed or not approved when their turn came.
+	Skipped int64 `protobuf:"varint,6,opt,name=skipped,proto3" json:"skipped,omitempty"`
+	// At the run's rate, when the rest will be published.
+	Eta *durationpb.Duration `protobuf:"bytes,7,opt,name=eta,proto3" json:"eta,omitempty"`
+	// Published per second so far.
+	Rate          float64 `protobuf:"fixed64,8,opt,name=rate,proto3" json:"rate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Progress) Reset() {
+	*x = Progress{}
+	mi := &file_admin_v1_admin_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Progress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Progress) ProtoMessage() {}
+
+func (x *Progress) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_v1_admin_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Progress.ProtoReflect.Descriptor instead.
+func (*Progress) Descriptor() ([]byte, []int) {
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *Progress) GetSelected() int64 {
+	if x != nil {
+		return x.Selected
+	}
+	return 0
+}
+
+func (x *Progress) GetPublished() int64 {
+	if x != nil {
+		return x.Published
+	}
+	return 0
+}
+
+func (x *Progress) GetHandled() int64 {
+	if x != nil {
+		return x.Handled
+	}
+	return 0
+}
+
+func (x *Progress) GetFailed() int64 {
+	if x != nil {
+		return x.Failed
+	}
+	return 0
+}
+
+func (x *Progress) GetRemaining() int64 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
+func (x *Progress) GetSkipped() int64 {
+	if x != nil {
+		return x.Skipped
+	}
+	return 0
+}
+
+func (x *Progress) GetEta() *durationpb.Duration {
+	if x != nil {
+		return x.Eta
+	}
+	return nil
+}
+
+func (x *Progress) GetRate() float64 {
+	if x != nil {
+		return x.Rate
+	}
+	return 0
+}
+
 var File_admin_v1_admin_proto protoreflect.FileDescriptor
 
 const file_admin_v1_admin_proto_rawDesc = "" +
@@ -930,10 +2438,165 @@ const file_admin_v1_admin_proto_rawDesc = "" +
 	"\x04dest\x18\b \x01(\tR\x04dest\x12\x16\n" +
 	"\x06detail\x18\t \x01(\tR\x06detail\x12\x12\n" +
 	"\x04text\x18\n" +
-	" \x01(\tR\x04text2\x9a\x01\n" +
+	" \x01(\tR\x04text\"\x80\x02\n" +
+	"\x16ListDeadLettersRequest\x12\x16\n" +
+	"\x06source\x18\x01 \x01(\tR\x06source\x12\x16\n" +
+	"\x06states\x18\x02 \x03(\tR\x06states\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x120\n" +
+	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x120\n" +
+	"\x05until\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\x12\x1b\n" +
+	"\tpage_size\x18\x06 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\a \x01(\tR\tpageToken\"\xbe\x01\n" +
+	"\x17ListDeadLettersResponse\x12?\n" +
+	"\fdead_letters\x18\x01 \x03(\v2\x1c.handoff.admin.v1.DeadLetterR\vdeadLetters\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12:\n" +
+	"\x06counts\x18\x03 \x03(\v2\".handoff.admin.v1.DeadLetterCountsR\x06counts\"\xcb\x02\n" +
+	"\x10DeadLetterCounts\x12\x16\n" +
+	"\x06source\x18\x01 \x01(\tR\x06source\x12J\n" +
+	"\bby_state\x18\x02 \x03(\v2/.handoff.admin.v1.DeadLetterCounts.ByStateEntryR\abyState\x12\x12\n" +
+	"\x04open\x18\x03 \x01(\x03R\x04open\x12@\n" +
+	"\x0eoldest_open_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\foldestOpenAt\x12A\n" +
+	"\x0foldest_open_age\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\roldestOpenAge\x1a:\n" +
+	"\fByStateEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x9c\a\n" +
+	"\n" +
+	"DeadLetter\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x12\x19\n" +
+	"\bevent_id\x18\x04 \x01(\tR\aeventId\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12\x14\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\x12\x1f\n" +
+	"\verror_class\x18\a \x01(\tR\n" +
+	"errorClass\x12\x1a\n" +
+	"\battempts\x18\b \x01(\x05R\battempts\x12\x16\n" +
+	"\x06origin\x18\t \x01(\tR\x06origin\x12\x1b\n" +
+	"\treplay_id\x18\n" +
+	" \x01(\tR\breplayId\x12\x1b\n" +
+	"\treplay_of\x18\v \x01(\tR\breplayOf\x12D\n" +
+	"\x10first_failure_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\x0efirstFailureAt\x12D\n" +
+	"\x10dead_lettered_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\x0edeadLetteredAt\x12!\n" +
+	"\fcontent_type\x18\x0e \x01(\tR\vcontentType\x12\x10\n" +
+	"\x03key\x18\x0f \x01(\fR\x03key\x12\x1b\n" +
+	"\tbody_size\x18\x10 \x01(\x03R\bbodySize\x12C\n" +
+	"\aheaders\x18\x11 \x03(\v2).handoff.admin.v1.DeadLetter.HeadersEntryR\aheaders\x12\x12\n" +
+	"\x04body\x18\x12 \x01(\fR\x04body\x12%\n" +
+	"\x0ebody_truncated\x18\x13 \x01(\bR\rbodyTruncated\x12\x1d\n" +
+	"\n" +
+	"body_error\x18\x14 \x01(\tR\tbodyError\x120\n" +
+	"\x06repair\x18\x15 \x01(\v2\x18.handoff.admin.v1.RepairR\x06repair\x128\n" +
+	"\ahistory\x18\x16 \x03(\v2\x1e.handoff.admin.v1.LedgerRecordR\ahistory\x125\n" +
+	"\bhandoffs\x18\x17 \x03(\v2\x19.handoff.admin.v1.HandoffR\bhandoffs\x12\x1c\n" +
+	"\tsuccessor\x18\x18 \x01(\tR\tsuccessor\x1a:\n" +
+	"\fHeadersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"S\n" +
+	"\x06Repair\x12\x12\n" +
+	"\x04body\x18\x01 \x01(\fR\x04body\x12!\n" +
+	"\fcontent_type\x18\x02 \x01(\tR\vcontentType\x12\x12\n" +
+	"\x04note\x18\x03 \x01(\tR\x04note\"\x81\x02\n" +
+	"\fLedgerRecord\x12\x1e\n" +
+	"\n" +
+	"transition\x18\x01 \x01(\tR\n" +
+	"transition\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\x12\x10\n" +
+	"\x03who\x18\x03 \x01(\tR\x03who\x12*\n" +
+	"\x02at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x10\n" +
+	"\x03why\x18\x05 \x01(\tR\x03why\x12\x1b\n" +
+	"\treplay_id\x18\x06 \x01(\tR\breplayId\x12\x1c\n" +
+	"\tsuccessor\x18\a \x01(\tR\tsuccessor\x120\n" +
+	"\x06repair\x18\b \x01(\v2\x18.handoff.admin.v1.RepairR\x06repair\"E\n" +
+	"\x14GetDeadLetterRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
+	"\n" +
+	"body_limit\x18\x02 \x01(\x05R\tbodyLimit\"\xd0\x01\n" +
+	"\x18ApproveDeadLetterRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x1f\n" +
+	"\vrepair_body\x18\x03 \x01(\fR\n" +
+	"repairBody\x12.\n" +
+	"\x13repair_content_type\x18\x04 \x01(\tR\x11repairContentType\x12\x1f\n" +
+	"\vrepair_note\x18\x05 \x01(\tR\n" +
+	"repairNote\x12\x1a\n" +
+	"\boperator\x18\x06 \x01(\tR\boperator\"`\n" +
+	"\x1aTerminateDeadLetterRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x1a\n" +
+	"\boperator\x18\x03 \x01(\tR\boperator\"\xff\x03\n" +
+	"\x13CreateReplayRequest\x12\x10\n" +
+	"\x03ids\x18\x01 \x03(\tR\x03ids\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x120\n" +
+	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x120\n" +
+	"\x05until\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\x12\x16\n" +
+	"\x06states\x18\x06 \x03(\tR\x06states\x12\x14\n" +
+	"\x05force\x18\a \x01(\bR\x05force\x12&\n" +
+	"\x0frate_per_second\x18\b \x01(\x01R\rratePerSecond\x12\x1d\n" +
+	"\n" +
+	"batch_size\x18\t \x01(\x05R\tbatchSize\x12\x16\n" +
+	"\x06sample\x18\n" +
+	" \x01(\x05R\x06sample\x12,\n" +
+	"\x12stop_failure_ratio\x18\v \x01(\x01R\x10stopFailureRatio\x12\x17\n" +
+	"\adry_run\x18\f \x01(\bR\x06dryRun\x12\x10\n" +
+	"\x03why\x18\r \x01(\tR\x03why\x12\x1a\n" +
+	"\boperator\x18\x0e \x01(\tR\boperator\x12@\n" +
+	"\x0esample_timeout\x18\x0f \x01(\v2\x19.google.protobuf.DurationR\rsampleTimeout\"\"\n" +
+	"\x10GetReplayRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"Y\n" +
+	"\x13CancelReplayRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x1a\n" +
+	"\boperator\x18\x03 \x01(\tR\boperator\",\n" +
+	"\x12ListReplaysRequest\x12\x16\n" +
+	"\x06source\x18\x01 \x01(\tR\x06source\"I\n" +
+	"\x13ListReplaysResponse\x122\n" +
+	"\areplays\x18\x01 \x03(\v2\x18.handoff.admin.v1.ReplayR\areplays\"\xf6\x04\n" +
+	"\x06Replay\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x12\x16\n" +
+	"\x06detail\x18\x04 \x01(\tR\x06detail\x12\x16\n" +
+	"\x06paused\x18\x05 \x01(\bR\x06paused\x12\x16\n" +
+	"\x06runner\x18\x06 \x01(\tR\x06runner\x12=\n" +
+	"\fheartbeat_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\vheartbeatAt\x12\x1d\n" +
+	"\n" +
+	"created_by\x18\b \x01(\tR\tcreatedBy\x129\n" +
+	"\n" +
+	"created_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x125\n" +
+	"\bended_at\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\x12\x10\n" +
+	"\x03why\x18\v \x01(\tR\x03why\x12&\n" +
+	"\x0frate_per_second\x18\f \x01(\x01R\rratePerSecond\x12\x1d\n" +
+	"\n" +
+	"batch_size\x18\r \x01(\x05R\tbatchSize\x12\x16\n" +
+	"\x06sample\x18\x0e \x01(\x05R\x06sample\x12,\n" +
+	"\x12stop_failure_ratio\x18\x0f \x01(\x01R\x10stopFailureRatio\x12\x14\n" +
+	"\x05force\x18\x10 \x01(\bR\x05force\x126\n" +
+	"\bprogress\x18\x11 \x01(\v2\x1a.handoff.admin.v1.ProgressR\bprogress\x12\x10\n" +
+	"\x03ids\x18\x12 \x03(\tR\x03ids\x12\x17\n" +
+	"\adry_run\x18\x13 \x01(\bR\x06dryRun\"\xef\x01\n" +
+	"\bProgress\x12\x1a\n" +
+	"\bselected\x18\x01 \x01(\x03R\bselected\x12\x1c\n" +
+	"\tpublished\x18\x02 \x01(\x03R\tpublished\x12\x18\n" +
+	"\ahandled\x18\x03 \x01(\x03R\ahandled\x12\x16\n" +
+	"\x06failed\x18\x04 \x01(\x03R\x06failed\x12\x1c\n" +
+	"\tremaining\x18\x05 \x01(\x03R\tremaining\x12\x18\n" +
+	"\askipped\x18\x06 \x01(\x03R\askipped\x12+\n" +
+	"\x03eta\x18\a \x01(\v2\x19.google.protobuf.DurationR\x03eta\x12\x12\n" +
+	"\x04rate\x18\b \x01(\x01R\x04rate2\xe4\x06\n" +
 	"\x05Admin\x12I\n" +
 	"\tGetStatus\x12\".handoff.admin.v1.GetStatusRequest\x1a\x18.handoff.admin.v1.Status\x12F\n" +
-	"\bGetEvent\x12!.handoff.admin.v1.GetEventRequest\x1a\x17.handoff.admin.v1.EventB*Z(handoff.dev/handoff/api/admin/v1;adminv1b\x06proto3"
+	"\bGetEvent\x12!.handoff.admin.v1.GetEventRequest\x1a\x17.handoff.admin.v1.Event\x12f\n" +
+	"\x0fListDeadLetters\x12(.handoff.admin.v1.ListDeadLettersRequest\x1a).handoff.admin.v1.ListDeadLettersResponse\x12U\n" +
+	"\rGetDeadLetter\x12&.handoff.admin.v1.GetDeadLetterRequest\x1a\x1c.handoff.admin.v1.DeadLetter\x12]\n" +
+	"\x11ApproveDeadLetter\x12*.handoff.admin.v1.ApproveDeadLetterRequest\x1a\x1c.handoff.admin.v1.DeadLetter\x12a\n" +
+	"\x13TerminateDeadLetter\x12,.handoff.admin.v1.TerminateDeadLetterRequest\x1a\x1c.handoff.admin.v1.DeadLetter\x12O\n" +
+	"\fCreateReplay\x12%.handoff.admin.v1.CreateReplayRequest\x1a\x18.handoff.admin.v1.Replay\x12I\n" +
+	"\tGetReplay\x12\".handoff.admin.v1.GetReplayRequest\x1a\x18.handoff.admin.v1.Replay\x12Z\n" +
+	"\vListReplays\x12$.handoff.admin.v1.ListReplaysRequest\x1a%.handoff.admin.v1.ListReplaysResponse\x12O\n" +
+	"\fCancelReplay\x12%.handoff.admin.v1.CancelReplayRequest\x1a\x18.handoff.admin.v1.ReplayB*Z(handoff.dev/handoff/api/admin/v1;adminv1b\x06proto3"
 
 var (
 	file_admin_v1_admin_proto_rawDescOnce sync.Once
@@ -947,47 +2610,105 @@ func file_admin_v1_admin_proto_rawDescGZIP() []byte {
 	return file_admin_v1_admin_proto_rawDescData
 }
 
-var file_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_admin_v1_admin_proto_goTypes = []any{
-	(*GetStatusRequest)(nil),      // 0: handoff.admin.v1.GetStatusRequest
-	(*Status)(nil),                // 1: handoff.admin.v1.Status
-	(*Calls)(nil),                 // 2: handoff.admin.v1.Calls
-	(*Budget)(nil),                // 3: handoff.admin.v1.Budget
-	(*SourceStatus)(nil),          // 4: handoff.admin.v1.SourceStatus
-	(*RetryTier)(nil),             // 5: handoff.admin.v1.RetryTier
-	(*Journal)(nil),               // 6: handoff.admin.v1.Journal
-	(*GetEventRequest)(nil),       // 7: handoff.admin.v1.GetEventRequest
-	(*Event)(nil),                 // 8: handoff.admin.v1.Event
-	(*Handoff)(nil),               // 9: handoff.admin.v1.Handoff
-	(*Step)(nil),                  // 10: handoff.admin.v1.Step
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 12: google.protobuf.Duration
+	(*GetStatusRequest)(nil),           // 0: handoff.admin.v1.GetStatusRequest
+	(*Status)(nil),                     // 1: handoff.admin.v1.Status
+	(*Calls)(nil),                      // 2: handoff.admin.v1.Calls
+	(*Budget)(nil),                     // 3: handoff.admin.v1.Budget
+	(*SourceStatus)(nil),               // 4: handoff.admin.v1.SourceStatus
+	(*RetryTier)(nil),                  // 5: handoff.admin.v1.RetryTier
+	(*Journal)(nil),                    // 6: handoff.admin.v1.Journal
+	(*GetEventRequest)(nil),            // 7: handoff.admin.v1.GetEventRequest
+	(*Event)(nil),                      // 8: handoff.admin.v1.Event
+	(*Handoff)(nil),                    // 9: handoff.admin.v1.Handoff
+	(*Step)(nil),                       // 10: handoff.admin.v1.Step
+	(*ListDeadLettersRequest)(nil),     // 11: handoff.admin.v1.ListDeadLettersRequest
+	(*ListDeadLettersResponse)(nil),    // 12: handoff.admin.v1.ListDeadLettersResponse
+	(*DeadLetterCounts)(nil),           // 13: handoff.admin.v1.DeadLetterCounts
+	(*DeadLetter)(nil),                 // 14: handoff.admin.v1.DeadLetter
+	(*Repair)(nil),                     // 15: handoff.admin.v1.Repair
+	(*LedgerRecord)(nil),               // 16: handoff.admin.v1.LedgerRecord
+	(*GetDeadLetterRequest)(nil),       // 17: handoff.admin.v1.GetDeadLetterRequest
+	(*ApproveDeadLetterRequest)(nil),   // 18: handoff.admin.v1.ApproveDeadLetterRequest
+	(*TerminateDeadLetterRequest)(nil), // 19: handoff.admin.v1.TerminateDeadLetterRequest
+	(*CreateReplayRequest)(nil),        // 20: handoff.admin.v1.CreateReplayRequest
+	(*GetReplayRequest)(nil),           // 21: handoff.admin.v1.GetReplayRequest
+	(*CancelReplayRequest)(nil),        // 22: handoff.admin.v1.CancelReplayRequest
+	(*ListReplaysRequest)(nil),         // 23: handoff.admin.v1.ListReplaysRequest
+	(*ListReplaysResponse)(nil),        // 24: handoff.admin.v1.ListReplaysResponse
+	(*Replay)(nil),                     // 25: handoff.admin.v1.Replay
+	(*Progress)(nil),                   // 26: handoff.admin.v1.Progress
+	nil,                                // 27: handoff.admin.v1.DeadLetterCounts.ByStateEntry
+	nil,                                // 28: handoff.admin.v1.DeadLetter.HeadersEntry
+	(*timestamppb.Timestamp)(nil),      // 29: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 30: google.protobuf.Duration
 }
 var file_admin_v1_admin_proto_depIdxs = []int32{
-	11, // 0: handoff.admin.v1.Status.started_at:type_name -> google.protobuf.Timestamp
+	29, // 0: handoff.admin.v1.Status.started_at:type_name -> google.protobuf.Timestamp
 	4,  // 1: handoff.admin.v1.Status.sources:type_name -> handoff.admin.v1.SourceStatus
 	2,  // 2: handoff.admin.v1.Status.calls:type_name -> handoff.admin.v1.Calls
 	3,  // 3: handoff.admin.v1.Status.budget:type_name -> handoff.admin.v1.Budget
 	6,  // 4: handoff.admin.v1.Status.journal:type_name -> handoff.admin.v1.Journal
-	11, // 5: handoff.admin.v1.Calls.overload_until:type_name -> google.protobuf.Timestamp
-	12, // 6: handoff.admin.v1.SourceStatus.oldest_unsettled_age:type_name -> google.protobuf.Duration
+	29, // 5: handoff.admin.v1.Calls.overload_until:type_name -> google.protobuf.Timestamp
+	30, // 6: handoff.admin.v1.SourceStatus.oldest_unsettled_age:type_name -> google.protobuf.Duration
 	5,  // 7: handoff.admin.v1.SourceStatus.retry_tiers:type_name -> handoff.admin.v1.RetryTier
-	12, // 8: handoff.admin.v1.RetryTier.delay:type_name -> google.protobuf.Duration
-	12, // 9: handoff.admin.v1.Journal.commit_p50:type_name -> google.protobuf.Duration
-	12, // 10: handoff.admin.v1.Journal.commit_max:type_name -> google.protobuf.Duration
+	30, // 8: handoff.admin.v1.RetryTier.delay:type_name -> google.protobuf.Duration
+	30, // 9: handoff.admin.v1.Journal.commit_p50:type_name -> google.protobuf.Duration
+	30, // 10: handoff.admin.v1.Journal.commit_max:type_name -> google.protobuf.Duration
 	9,  // 11: handoff.admin.v1.Event.handoffs:type_name -> handoff.admin.v1.Handoff
 	10, // 12: handoff.admin.v1.Handoff.steps:type_name -> handoff.admin.v1.Step
-	11, // 13: handoff.admin.v1.Step.at:type_name -> google.protobuf.Timestamp
-	12, // 14: handoff.admin.v1.Step.latency:type_name -> google.protobuf.Duration
-	0,  // 15: handoff.admin.v1.Admin.GetStatus:input_type -> handoff.admin.v1.GetStatusRequest
-	7,  // 16: handoff.admin.v1.Admin.GetEvent:input_type -> handoff.admin.v1.GetEventRequest
-	1,  // 17: handoff.admin.v1.Admin.GetStatus:output_type -> handoff.admin.v1.Status
-	8,  // 18: handoff.admin.v1.Admin.GetEvent:output_type -> handoff.admin.v1.Event
-	17, // [17:19] is the sub-list for method output_type
-	15, // [15:17] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	29, // 13: handoff.admin.v1.Step.at:type_name -> google.protobuf.Timestamp
+	30, // 14: handoff.admin.v1.Step.latency:type_name -> google.protobuf.Duration
+	29, // 15: handoff.admin.v1.ListDeadLettersRequest.since:type_name -> google.protobuf.Timestamp
+	29, // 16: handoff.admin.v1.ListDeadLettersRequest.until:type_name -> google.protobuf.Timestamp
+	14, // 17: handoff.admin.v1.ListDeadLettersResponse.dead_letters:type_name -> handoff.admin.v1.DeadLetter
+	13, // 18: handoff.admin.v1.ListDeadLettersResponse.counts:type_name -> handoff.admin.v1.DeadLetterCounts
+	27, // 19: handoff.admin.v1.DeadLetterCounts.by_state:type_name -> handoff.admin.v1.DeadLetterCounts.ByStateEntry
+	29, // 20: handoff.admin.v1.DeadLetterCounts.oldest_open_at:type_name -> google.protobuf.Timestamp
+	30, // 21: handoff.admin.v1.DeadLetterCounts.oldest_open_age:type_name -> google.protobuf.Duration
+	29, // 22: handoff.admin.v1.DeadLetter.first_failure_at:type_name -> google.protobuf.Timestamp
+	29, // 23: handoff.admin.v1.DeadLetter.dead_lettered_at:type_name -> google.protobuf.Timestamp
+	28, // 24: handoff.admin.v1.DeadLetter.headers:type_name -> handoff.admin.v1.DeadLetter.HeadersEntry
+	15, // 25: handoff.admin.v1.DeadLetter.repair:type_name -> handoff.admin.v1.Repair
+	16, // 26: handoff.admin.v1.DeadLetter.history:type_name -> handoff.admin.v1.LedgerRecord
+	9,  // 27: handoff.admin.v1.DeadLetter.handoffs:type_name -> handoff.admin.v1.Handoff
+	29, // 28: handoff.admin.v1.LedgerRecord.at:type_name -> google.protobuf.Timestamp
+	15, // 29: handoff.admin.v1.LedgerRecord.repair:type_name -> handoff.admin.v1.Repair
+	29, // 30: handoff.admin.v1.CreateReplayRequest.since:type_name -> google.protobuf.Timestamp
+	29, // 31: handoff.admin.v1.CreateReplayRequest.until:type_name -> google.protobuf.Timestamp
+	30, // 32: handoff.admin.v1.CreateReplayRequest.sample_timeout:type_name -> google.protobuf.Duration
+	25, // 33: handoff.admin.v1.ListReplaysResponse.replays:type_name -> handoff.admin.v1.Replay
+	29, // 34: handoff.admin.v1.Replay.heartbeat_at:type_name -> google.protobuf.Timestamp
+	29, // 35: handoff.admin.v1.Replay.created_at:type_name -> google.protobuf.Timestamp
+	29, // 36: handoff.admin.v1.Replay.ended_at:type_name -> google.protobuf.Timestamp
+	26, // 37: handoff.admin.v1.Replay.progress:type_name -> handoff.admin.v1.Progress
+	30, // 38: handoff.admin.v1.Progress.eta:type_name -> google.protobuf.Duration
+	0,  // 39: handoff.admin.v1.Admin.GetStatus:input_type -> handoff.admin.v1.GetStatusRequest
+	7,  // 40: handoff.admin.v1.Admin.GetEvent:input_type -> handoff.admin.v1.GetEventRequest
+	11, // 41: handoff.admin.v1.Admin.ListDeadLetters:input_type -> handoff.admin.v1.ListDeadLettersRequest
+	17, // 42: handoff.admin.v1.Admin.GetDeadLetter:input_type -> handoff.admin.v1.GetDeadLetterRequest
+	18, // 43: handoff.admin.v1.Admin.ApproveDeadLetter:input_type -> handoff.admin.v1.ApproveDeadLetterRequest
+	19, // 44: handoff.admin.v1.Admin.TerminateDeadLetter:input_type -> handoff.admin.v1.TerminateDeadLetterRequest
+	20, // 45: handoff.admin.v1.Admin.CreateReplay:input_type -> handoff.admin.v1.CreateReplayRequest
+	21, // 46: handoff.admin.v1.Admin.GetReplay:input_type -> handoff.admin.v1.GetReplayRequest
+	23, // 47: handoff.admin.v1.Admin.ListReplays:input_type -> handoff.admin.v1.ListReplaysRequest
+	22, // 48: handoff.admin.v1.Admin.CancelReplay:input_type -> handoff.admin.v1.CancelReplayRequest
+	1,  // 49: handoff.admin.v1.Admin.GetStatus:output_type -> handoff.admin.v1.Status
+	8,  // 50: handoff.admin.v1.Admin.GetEvent:output_type -> handoff.admin.v1.Event
+	12, // 51: handoff.admin.v1.Admin.ListDeadLetters:output_type -> handoff.admin.v1.ListDeadLettersResponse
+	14, // 52: handoff.admin.v1.Admin.GetDeadLetter:output_type -> handoff.admin.v1.DeadLetter
+	14, // 53: handoff.admin.v1.Admin.ApproveDeadLetter:output_type -> handoff.admin.v1.DeadLetter
+	14, // 54: handoff.admin.v1.Admin.TerminateDeadLetter:output_type -> handoff.admin.v1.DeadLetter
+	25, // 55: handoff.admin.v1.Admin.CreateReplay:output_type -> handoff.admin.v1.Replay
+	25, // 56: handoff.admin.v1.Admin.GetReplay:output_type -> handoff.admin.v1.Replay
+	24, // 57: handoff.admin.v1.Admin.ListReplays:output_type -> handoff.admin.v1.ListReplaysResponse
+	25, // 58: handoff.admin.v1.Admin.CancelReplay:output_type -> handoff.admin.v1.Replay
+	49, // [49:59] is the sub-list for method output_type
+	39, // [39:49] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_admin_v1_admin_proto_init() }
@@ -1001,7 +2722,7 @@ func file_admin_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_admin_v1_admin_proto_rawDesc), len(file_admin_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

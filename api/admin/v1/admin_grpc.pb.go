@@ -23,8 +23,16 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Admin_GetStatus_FullMethodName = "/handoff.admin.v1.Admin/GetStatus"
-	Admin_GetEvent_FullMethodName  = "/handoff.admin.v1.Admin/GetEvent"
+	Admin_GetStatus_FullMethodName           = "/handoff.admin.v1.Admin/GetStatus"
+	Admin_GetEvent_FullMethodName            = "/handoff.admin.v1.Admin/GetEvent"
+	Admin_ListDeadLetters_FullMethodName     = "/handoff.admin.v1.Admin/ListDeadLetters"
+	Admin_GetDeadLetter_FullMethodName       = "/handoff.admin.v1.Admin/GetDeadLetter"
+	Admin_ApproveDeadLetter_FullMethodName   = "/handoff.admin.v1.Admin/ApproveDeadLetter"
+	Admin_TerminateDeadLetter_FullMethodName = "/handoff.admin.v1.Admin/TerminateDeadLetter"
+	Admin_CreateReplay_FullMethodName        = "/handoff.admin.v1.Admin/CreateReplay"
+	Admin_GetReplay_FullMethodName           = "/handoff.admin.v1.Admin/GetReplay"
+	Admin_ListReplays_FullMethodName         = "/handoff.admin.v1.Admin/ListReplays"
+	Admin_CancelReplay_FullMethodName        = "/handoff.admin.v1.Admin/CancelReplay"
 )
 
 // AdminClient is the client API for Admin service.
@@ -36,6 +44,28 @@ type AdminClient interface {
 	// GET /v1/events/{source}/{event_id}: an event's hand-offs, each with its
 	// timeline, from the running sidecar's journal.
 	GetEvent(ctx context.Context, in *GetEventRequest, opts ...grpc.CallOption) (*Event, error)
+	// GET /v1/deadletters: dead letters from the index, filtered and paged,
+	// with the counts by state of the sources asked about.
+	ListDeadLetters(ctx context.Context, in *ListDeadLettersRequest, opts ...grpc.CallOption) (*ListDeadLettersResponse, error)
+	// GET /v1/deadletters/{id}: one dead letter with its body (up to a size
+	// limit), headers, evidence, ledger history and, where this replica's
+	// journal has it, the attempt timeline.
+	GetDeadLetter(ctx context.Context, in *GetDeadLetterRequest, opts ...grpc.CallOption) (*DeadLetter, error)
+	// POST /v1/deadletters/{id}:approve: allow a replay, optionally with a
+	// repaired body.
+	ApproveDeadLetter(ctx context.Context, in *ApproveDeadLetterRequest, opts ...grpc.CallOption) (*DeadLetter, error)
+	// POST /v1/deadletters/{id}:terminate: close a dead letter by hand.
+	TerminateDeadLetter(ctx context.Context, in *TerminateDeadLetterRequest, opts ...grpc.CallOption) (*DeadLetter, error)
+	// POST /v1/replays: start a replay run (or, with dry_run, say what it
+	// would replay).
+	CreateReplay(ctx context.Context, in *CreateReplayRequest, opts ...grpc.CallOption) (*Replay, error)
+	// GET /v1/replays/{id}: a replay's state and progress.
+	GetReplay(ctx context.Context, in *GetReplayRequest, opts ...grpc.CallOption) (*Replay, error)
+	// GET /v1/replays: the replays the ledgers hold, newest first.
+	ListReplays(ctx context.Context, in *ListReplaysRequest, opts ...grpc.CallOption) (*ListReplaysResponse, error)
+	// POST /v1/replays/{id}:cancel: stop a replay; what it published stays
+	// published.
+	CancelReplay(ctx context.Context, in *CancelReplayRequest, opts ...grpc.CallOption) (*Replay, error)
 }
 
 type adminClient struct {
@@ -66,6 +96,86 @@ func (c *adminClient) GetEvent(ctx context.Context, in *GetEventRequest, opts ..
 	return out, nil
 }
 
+func (c *adminClient) ListDeadLetters(ctx context.Context, in *ListDeadLettersRequest, opts ...grpc.CallOption) (*ListDeadLettersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListDeadLettersResponse)
+	err := c.cc.Invoke(ctx, Admin_ListDeadLetters_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) GetDeadLetter(ctx context.Context, in *GetDeadLetterRequest, opts ...grpc.CallOption) (*DeadLetter, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeadLetter)
+	err := c.cc.Invoke(ctx, Admin_GetDeadLetter_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) ApproveDeadLetter(ctx context.Context, in *ApproveDeadLetterRequest, opts ...grpc.CallOption) (*DeadLetter, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeadLetter)
+	err := c.cc.Invoke(ctx, Admin_ApproveDeadLetter_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) TerminateDeadLetter(ctx context.Context, in *TerminateDeadLetterRequest, opts ...grpc.CallOption) (*DeadLetter, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeadLetter)
+	err := c.cc.Invoke(ctx, Admin_TerminateDeadLetter_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) CreateReplay(ctx context.Context, in *CreateReplayRequest, opts ...grpc.CallOption) (*Replay, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Replay)
+	err := c.cc.Invoke(ctx, Admin_CreateReplay_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) GetReplay(ctx context.Context, in *GetReplayRequest, opts ...grpc.CallOption) (*Replay, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Replay)
+	err := c.cc.Invoke(ctx, Admin_GetReplay_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) ListReplays(ctx context.Context, in *ListReplaysRequest, opts ...grpc.CallOption) (*ListReplaysResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListReplaysResponse)
+	err := c.cc.Invoke(ctx, Admin_ListReplays_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) CancelReplay(ctx context.Context, in *CancelReplayRequest, opts ...grpc.CallOption) (*Replay, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Replay)
+	err := c.cc.Invoke(ctx, Admin_CancelReplay_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -75,6 +185,28 @@ type AdminServer interface {
 	// GET /v1/events/{source}/{event_id}: an event's hand-offs, each with its
 	// timeline, from the running sidecar's journal.
 	GetEvent(context.Context, *GetEventRequest) (*Event, error)
+	// GET /v1/deadletters: dead letters from the index, filtered and paged,
+	// with the counts by state of the sources asked about.
+	ListDeadLetters(context.Context, *ListDeadLettersRequest) (*ListDeadLettersResponse, error)
+	// GET /v1/deadletters/{id}: one dead letter with its body (up to a size
+	// limit), headers, evidence, ledger history and, where this replica's
+	// journal has it, the attempt timeline.
+	GetDeadLetter(context.Context, *GetDeadLetterRequest) (*DeadLetter, error)
+	// POST /v1/deadletters/{id}:approve: allow a replay, optionally with a
+	// repaired body.
+	ApproveDeadLetter(context.Context, *ApproveDeadLetterRequest) (*DeadLetter, error)
+	// POST /v1/deadletters/{id}:terminate: close a dead letter by hand.
+	TerminateDeadLetter(context.Context, *TerminateDeadLetterRequest) (*DeadLetter, error)
+	// POST /v1/replays: start a replay run (or, with dry_run, say what it
+	// would replay).
+	CreateReplay(context.Context, *CreateReplayRequest) (*Replay, error)
+	// GET /v1/replays/{id}: a replay's state and progress.
+	GetReplay(context.Context, *GetReplayRequest) (*Replay, error)
+	// GET /v1/replays: the replays the ledgers hold, newest first.
+	ListReplays(context.Context, *ListReplaysRequest) (*ListReplaysResponse, error)
+	// POST /v1/replays/{id}:cancel: stop a replay; what it published stays
+	// published.
+	CancelReplay(context.Context, *CancelReplayRequest) (*Replay, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -90,6 +222,30 @@ func (UnimplementedAdminServer) GetStatus(context.Context, *GetStatusRequest) (*
 }
 func (UnimplementedAdminServer) GetEvent(context.Context, *GetEventRequest) (*Event, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetEvent not implemented")
+}
+func (UnimplementedAdminServer) ListDeadLetters(context.Context, *ListDeadLettersRequest) (*ListDeadLettersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListDeadLetters not implemented")
+}
+func (UnimplementedAdminServer) GetDeadLetter(context.Context, *GetDeadLetterRequest) (*DeadLetter, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetDeadLetter not implemented")
+}
+func (UnimplementedAdminServer) ApproveDeadLetter(context.Context, *ApproveDeadLetterRequest) (*DeadLetter, error) {
+	return nil, status.Error(codes.Unimplemented, "method ApproveDeadLetter not implemented")
+}
+func (UnimplementedAdminServer) TerminateDeadLetter(context.Context, *TerminateDeadLetterRequest) (*DeadLetter, error) {
+	return nil, status.Error(codes.Unimplemented, "method TerminateDeadLetter not implemented")
+}
+func (UnimplementedAdminServer) CreateReplay(context.Context, *CreateReplayRequest) (*Replay, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateReplay not implemented")
+}
+func (UnimplementedAdminServer) GetReplay(context.Context, *GetReplayRequest) (*Replay, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetReplay not implemented")
+}
+func (UnimplementedAdminServer) ListReplays(context.Context, *ListReplaysRequest) (*ListReplaysResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListReplays not implemented")
+}
+func (UnimplementedAdminServer) CancelReplay(context.Context, *CancelReplayRequest) (*Replay, error) {
+	return nil, status.Error(codes.Unimplemented, "method CancelReplay not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -148,6 +304,150 @@ func _Admin_GetEvent_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_ListDeadLetters_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListDeadLettersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListDeadLetters(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ListDeadLetters_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListDeadLetters(ctx, req.(*ListDeadLettersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_GetDeadLetter_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetDeadLetterRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).GetDeadLetter(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_GetDeadLetter_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).GetDeadLetter(ctx, req.(*GetDeadLetterRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_ApproveDeadLetter_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ApproveDeadLetterRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ApproveDeadLetter(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ApproveDeadLetter_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ApproveDeadLetter(ctx, req.(*ApproveDeadLetterRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_TerminateDeadLetter_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TerminateDeadLetterRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).TerminateDeadLetter(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_TerminateDeadLetter_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).TerminateDeadLetter(ctx, req.(*TerminateDeadLetterRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_CreateReplay_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateReplayRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).CreateReplay(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_CreateReplay_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).CreateReplay(ctx, req.(*CreateReplayRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_GetReplay_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetReplayRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).GetReplay(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_GetReplay_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).GetReplay(ctx, req.(*GetReplayRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_ListReplays_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListReplaysRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListReplays(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ListReplays_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListReplays(ctx, req.(*ListReplaysRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_CancelReplay_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelReplayRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).CancelReplay(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_CancelReplay_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).CancelReplay(ctx, req.(*CancelReplayRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -162,6 +462,38 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetEvent",
 			Handler:    _Admin_GetEvent_Handler,
+		},
+		{
+			MethodName: "ListDeadLetters",
+			Handler:    _Admin_ListDeadLetters_Handler,
+		},
+		{
+			MethodName: "GetDeadLetter",
+			Handler:    _Admin_GetDeadLetter_Handler,
+		},
+		{
+			MethodName: "ApproveDeadLetter",
+			Handler:    _Admin_ApproveDeadLetter_Handler,
+		},
+		{
+			MethodName: "TerminateDeadLetter",
+			Handler:    _Admin_TerminateDeadLetter_Handler,
+		},
+		{
+			MethodName: "CreateReplay",
+			Handler:    _Admin_CreateReplay_Handler,
+		},
+		{
+			MethodName: "GetReplay",
+			Handler:    _Admin_GetReplay_Handler,
+		},
+		{
+			MethodName: "ListReplays",
+			Handler:    _Admin_ListReplays_Handler,
+		},
+		{
+			MethodName: "CancelReplay",
+			Handler:    _Admin_CancelReplay_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
