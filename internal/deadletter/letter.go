@@ -28,7 +28,12 @@ type Letter struct {
 	Origin     string `json:"origin,omitempty"`
 	// ReplayID is set when the dead letter is itself a replayed copy that
 	// failed again.
-	ReplayID       string         `json:"replay_id,omitempty"`
+	ReplayID string `json:"replay_id,omitempty"`
+	// ReplayOf is, on such a copy, the dead letter it replayed.
+	ReplayOf string `json:"replay_of,omitempty"`
+	// Successor is, once a replay of this letter failed again, the new dead
+	// letter that replayed copy became.
+	Successor      string         `json:"successor,omitempty"`
 	FirstFailureAt time.Time      `json:"first_failure_at,omitzero"`
 	DeadLetteredAt time.Time      `json:"dead_lettered_at,omitzero"`
 	ContentType    string         `json:"content_type,omitempty"`
@@ -67,6 +72,7 @@ func (l *Letter) fill(at time.Time, m *broker.Message) {
 	l.ErrorClass = h[broker.HeaderErrorClass]
 	l.Origin = h[broker.HeaderOrigin]
 	l.ReplayID = h[broker.HeaderReplayID]
+	l.ReplayOf = h[broker.HeaderReplayOf]
 	l.Attempts, _ = strconv.Atoi(h[broker.HeaderAttempt])
 	if t, err := time.Parse(broker.TimeLayout, h[broker.HeaderFirstFailureAt]); err == nil {
 		l.FirstFailureAt = t
