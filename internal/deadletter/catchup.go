@@ -1,7 +1,9 @@
 package deadletter
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -59,11 +61,12 @@ func (x *Index) CatchUp(ctx context.Context, src Source) (Caught, error) {
 	return c, nil
 }
 
-// catchUpLedger reads src's ledger alone.
-func (x *Index) catchUpLedger(ctx context.Context, src Source) error {
+// catchUpLedger reads src's ledger alone, up to the record holding nonce
+// when nonce is not empty.
+func (x *Index) catchUpLedger(ctx context.Context, src Source, nonce string) error {
 	x.catchUp.Lock()
 	defer x.catchUp.Unlock()
-	return x.readLedger(ctx, src, &Caught{})
+	return x.readLedgerUntil(ctx, src, nonce, &Caught{})
 }
 
 type logEntry struct {
@@ -77,6 +80,17 @@ type logEntry struct {
 // each entry not stored yet within the batch's transaction, and storing the
 // next offsets with it.
 func (x *Index) readLog(ctx context.Context, log Log, from map[int32]int64, apply func(tx *bolt.Tx, e *logEntry) error) error {
+	return x.readLogUntil(ctx, log, from, "", apply)
+}
+
+// errStop ends a read early, once the record looked for was read.
+var errStop = errors.New("stop")
+
+// readLogUntil is readLog that stops after a message whose body holds
+// until, when until is not empty: a writer reading its own record back
+// needs nothing after it, and finding a RabbitMQ stream's end costs a quiet
+// spell (see rabbitmq.ReadStream).
+func (x *Index) readLogUntil(ctx context.Context, log Log, from map[int32]int64, until string, apply func(tx *bolt.Tx, e *logEntry) error) error {
 	var batch []logEntry
 	flush := func() error {
 		if len(batch) == 0 {
@@ -102,11 +116,17 @@ func (x *Index) readLog(ctx context.Context, log Log, from map[int32]int64, appl
 	}
 	err := log.Read(ctx, from, func(p int32, off int64, at time.Time, m *broker.Message) error {
 		batch = append(batch, logEntry{partition: p, offset: off, at: at, msg: m})
+		if until != "" && bytes.Contains(m.Body, []byte(until)) {
+			return errStop
+		}
 		if len(batch) >= catchUpBatch {
 			return flush()
 		}
 		return nil
 	})
+	if errors.Is(err, errStop) {
+		err = nil
+	}
 	if ferr := flush(); err == nil {
 		err = ferr
 	}
@@ -145,18 +165,107 @@ func (x *Index) readDLQ(ctx context.Context, src Source, first map[int32]int64, 
 		}
 		l.fill(e.at, e.msg)
 		if !ok {
-			return putLetter(tx, nil, &l)
+			if err := putLetter(tx, nil, &l); err != nil {
+				return err
+			}
+			return x.failReplay(tx, src, &l)
 		}
 		return putLetter(tx, &old, &l)
 	})
 }
 
+// failReplay notes on the dead letter that l replayed (l is a replayed copy
+// that failed again) the FailReplay that l implies, and applies it once it
+// is legal. It is derived by every replica from the DLQ, like Expire, and
+// never written: no replica has to survive the dead-lettering to record it.
+func (x *Index) failReplay(tx *bolt.Tx, src Source, l *Letter) error {
+	if l.ReplayOf == "" || l.ReplayID == "" {
+		return nil
+	}
+	pid, err := ParseID(l.ReplayOf)
+	if err != nil || pid.Log != src.DLQ.Name() || pid == l.ID {
+		x.log.Warn("dead letter names a replayed dead letter that is not in its log", "id", l.ID.String(), "replay_of", l.ReplayOf)
+		return nil
+	}
+	old, ok, err := getLetter(tx, pid)
+	if err != nil {
+		return err
+	}
+	p := old
+	if !ok {
+		p = Letter{ID: pid, Source: src.Name, State: Pending}
+	}
+	if p.Failure != nil || p.Successor != "" {
+		return nil // one failure per replay: a duplicate copy of the same failure
+	}
+	why := "the replayed copy failed again: " + l.Reason
+	if l.Error != "" {
+		why += ": " + l.Error
+	}
+	p.Failure = &Record{Version: RecordVersion, Kind: KindTransition, ID: pid.String(), Transition: FailReplay,
+		State: FailedReplay, Who: "handoff", At: l.DeadLetteredAt, Why: truncateWhy(why), ReplayID: l.ReplayID, Successor: l.ID.String()}
+	applyFailure(tx, &p)
+	if !ok {
+		return putLetter(tx, nil, &p)
+	}
+	return putLetter(tx, &old, &p)
+}
+
+// applyFailure moves l to FailedReplay when it holds a failure that its
+// state and the runs now allow: the run that replayed it must be known, so
+// that a copy naming a dead letter it was never a replay of changes nothing.
+func applyFailure(tx *bolt.Tx, l *Letter) {
+	f := l.Failure
+	if f == nil || tx.Bucket(bucketRuns).Get([]byte(f.ReplayID)) == nil {
+		return
+	}
+	to, err := Decide(l.State, FailReplay)
+	if err != nil {
+		return
+	}
+	l.State, l.Successor, l.Failure = to, f.Successor, nil
+	l.History = append(l.History, *f)
+}
+
+func truncateWhy(s string) string {
+	if len(s) <= MaxWhyLen {
+		return s
+	}
+	i := MaxWhyLen
+	for i > 0 && s[i]&0xC0 == 0x80 {
+		i-- // not inside a UTF-8 sequence
+	}
+	return s[:i]
+}
+
 func (x *Index) readLedger(ctx context.Context, src Source, c *Caught) error {
+	return x.readLedgerUntil(ctx, src, "", c)
+}
+
+func (x *Index) readLedgerUntil(ctx context.Context, src Source, nonce string, c *Caught) error {
 	from, err := x.Offsets(src.Ledger.Name())
 	if err != nil {
 		return err
 	}
-	return x.readLog(ctx, src.Ledger, from, func(tx *bolt.Tx, e *logEntry) error {
+	return x.readLogUntil(ctx, src.Ledger, from, nonce, func(tx *bolt.Tx, e *logEntry) error {
+		if recordKind(e.msg.Body) == KindRun {
+			r, err := DecodeRunRecord(e.msg.Body)
+			if err != nil {
+				c.Refused++
+				x.log.Warn("unreadable ledger record skipped", "log", src.Ledger.Name(), "offset", e.offset, "err", err)
+				return nil
+			}
+			applied, err := applyRun(tx, src.Name, &r)
+			if err != nil {
+				return err
+			}
+			if applied {
+				c.Records++
+				return x.runApplied(tx, &r)
+			}
+			c.Refused++
+			return nil
+		}
 		r, err := DecodeRecord(e.msg.Body)
 		switch {
 		case errors.Is(err, ErrVersion) || errors.Is(err, ErrUnknownKind):
@@ -191,6 +300,7 @@ func (x *Index) readLedger(ctx context.Context, src Source, c *Caught) error {
 		}
 		l.State = to
 		l.History = append(l.History, r)
+		applyFailure(tx, &l)
 		c.Records++
 		if !ok {
 			return putLetter(tx, nil, &l)
@@ -238,4 +348,41 @@ func (x *Index) expire(src Source, first map[int32]int64, c *Caught) error {
 		}
 		return nil
 	})
+}
+
+// recordKind is a ledger record's kind, "" when it has none.
+func recordKind(b []byte) string {
+	var head struct {
+		Kind string `json:"kind"`
+	}
+	_ = json.Unmarshal(b, &head)
+	return head.Kind
+}
+
+// runApplied applies, when a run is created, the failures its letters were
+// waiting for: the index may have read a failed replayed copy before the
+// record of the run that published it.
+func (x *Index) runApplied(tx *bolt.Tx, r *RunRecord) error {
+	if r.Op != OpCreate {
+		return nil
+	}
+	for _, s := range r.Spec.IDs {
+		id, err := ParseID(s)
+		if err != nil {
+			continue
+		}
+		old, ok, err := getLetter(tx, id)
+		if err != nil || !ok || old.Failure == nil {
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		l := old
+		applyFailure(tx, &l)
+		if err := putLetter(tx, &old, &l); err != nil {
+			return err
+		}
+	}
+	return nil
 }

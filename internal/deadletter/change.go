@@ -30,31 +30,32 @@ type Change struct {
 // state (*IllegalError). When another replica's record for the same letter
 // reached the ledger first and made c illegal, c's record stays in the log,
 // refused there by every reader, and Apply returns ErrLost.
+//
+// It decides on the index as it stands, kept close to the logs by the
+// manager's catch-up, and reads the logs first only when the index does not
+// know the letter or refuses the change: the ledger's order decides in the
+// end, so a stale view costs at most a refused record, never a wrong state.
 func (x *Index) Apply(ctx context.Context, src Source, c Change) (Letter, error) {
-	// Decide on the latest state: read what others appended first.
-	if _, err := x.CatchUp(ctx, src); err != nil {
-		return Letter{}, err
-	}
-	l, err := x.Get(c.ID)
-	if err != nil {
-		return Letter{}, err
-	}
 	if c.ID.Log != src.DLQ.Name() {
 		return Letter{}, fmt.Errorf("%w: %s is not in %s", ErrNotFound, c.ID, src.DLQ.Name())
 	}
-	to, err := Decide(l.State, c.Transition)
-	if err != nil {
-		return l, err
-	}
 	if c.Transition == Expire {
-		return l, &IllegalError{From: l.State, Transition: c.Transition}
+		return Letter{}, &IllegalError{From: "", Transition: c.Transition}
 	}
-	nonce := make([]byte, 8)
-	_, _ = rand.Read(nonce)
+	l, to, err := x.decide(c)
+	if err != nil {
+		// Read what others appended, and decide again on that.
+		if _, cerr := x.CatchUp(ctx, src); cerr != nil {
+			return Letter{}, cerr
+		}
+		if l, to, err = x.decide(c); err != nil {
+			return l, err
+		}
+	}
 	r := Record{
 		Version: RecordVersion, Kind: KindTransition, ID: c.ID.String(),
 		Transition: c.Transition, State: to, Who: c.Who, At: x.now().UTC(), Why: c.Why,
-		Nonce: hex.EncodeToString(nonce), Repair: c.Repair, ReplayID: c.ReplayID,
+		Nonce: newNonce(), Repair: c.Repair, ReplayID: c.ReplayID,
 	}
 	if c.Transition == FailReplay {
 		r.Successor = c.Successor.String()
@@ -63,12 +64,7 @@ func (x *Index) Apply(ctx context.Context, src Source, c Change) (Letter, error)
 	if err != nil {
 		return l, err
 	}
-	if err := src.Ledger.Append(ctx, body); err != nil {
-		return l, fmt.Errorf("append to %s: %w", src.Ledger.Name(), err)
-	}
-	// Only the ledger changed that matters here: reading it back alone
-	// saves a read of the DLQ.
-	if err := x.catchUpLedger(ctx, src); err != nil {
+	if err := x.appendRead(ctx, src, body, r.Nonce); err != nil {
 		return l, err
 	}
 	if l, err = x.Get(c.ID); err != nil {
@@ -80,4 +76,34 @@ func (x *Index) Apply(ctx context.Context, src Source, c Change) (Letter, error)
 		}
 	}
 	return l, fmt.Errorf("%w: %s is %s", ErrLost, c.ID, l.State)
+}
+
+// decide is c's target state on the index's view.
+func (x *Index) decide(c Change) (Letter, State, error) {
+	l, err := x.Get(c.ID)
+	if err != nil {
+		return l, "", err
+	}
+	if !l.Seen {
+		// Only ledger records named it so far: its DLQ entry is not read.
+		return l, "", fmt.Errorf("%w: %s", ErrNotFound, c.ID)
+	}
+	to, err := Decide(l.State, c.Transition)
+	return l, to, err
+}
+
+// appendRead appends one record to src's ledger, confirmed, and reads the
+// ledger into the index up to it.
+func (x *Index) appendRead(ctx context.Context, src Source, body []byte, nonce string) error {
+	if err := src.Ledger.Append(ctx, body); err != nil {
+		return fmt.Errorf("append to %s: %w", src.Ledger.Name(), err)
+	}
+	return x.catchUpLedger(ctx, src, nonce)
+}
+
+// newNonce tells a writer its own record when it reads the ledger back.
+func newNonce() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }

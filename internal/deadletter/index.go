@@ -30,7 +30,7 @@ var (
 
 // indexVersion is the index's schema. An index of another version is
 // rebuilt from the logs: it holds nothing the logs do not.
-const indexVersion = 1
+const indexVersion = 2
 
 // Options configures an Index.
 type Options struct {
@@ -78,14 +78,14 @@ func (x *Index) prepare(tx *bolt.Tx) error {
 	if m := tx.Bucket(bucketMeta); m != nil {
 		if v := m.Get([]byte("version")); len(v) == 8 && binary.BigEndian.Uint64(v) != indexVersion {
 			x.log.Warn("dead-letter index of another version: rebuilding it from the logs", "version", binary.BigEndian.Uint64(v))
-			for _, b := range [][]byte{bucketLetters, bucketOpen, bucketCounts, bucketOffsets, bucketMeta} {
+			for _, b := range [][]byte{bucketLetters, bucketOpen, bucketCounts, bucketOffsets, bucketMeta, bucketRuns} {
 				if err := tx.DeleteBucket(b); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
 					return err
 				}
 			}
 		}
 	}
-	for _, b := range [][]byte{bucketLetters, bucketOpen, bucketCounts, bucketOffsets, bucketMeta} {
+	for _, b := range [][]byte{bucketLetters, bucketOpen, bucketCounts, bucketOffsets, bucketMeta, bucketRuns} {
 		if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 			return err
 		}

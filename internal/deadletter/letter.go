@@ -44,6 +44,10 @@ type Letter struct {
 	// History is every ledger record applied to the letter, in ledger
 	// order, and the expiry if retention closed it.
 	History []Record `json:"history,omitempty"`
+	// Failure is the FailReplay a later DLQ entry (a replayed copy that
+	// failed again) implies, kept until it is legal: the index may read that
+	// entry before the ledger records that approved and replayed this one.
+	Failure *Record `json:"failure,omitempty"`
 }
 
 // Open reports whether the letter is not closed yet.

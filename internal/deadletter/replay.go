@@ -3,6 +3,9 @@ package deadletter
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"sync"
 	"time"
 
 	"handoff.dev/handoff/internal/broker"
@@ -130,39 +133,424 @@ type Progress struct {
 var ErrNoRun = errors.New("no such replay")
 
 // CreateReplay resolves r's selection and, unless r.DryRun, records a new
-// run in the source's ledger; a replica (this one first) then drives it.
+// run in the source's ledger; this replica drives it, and another takes it
+// over if this one stops.
 func (m *Manager) CreateReplay(ctx context.Context, r ReplayRequest) (Run, error) {
-	return Run{}, errors.New("not yet")
+	spec, src, err := m.resolve(r)
+	if err != nil {
+		return Run{}, err
+	}
+	now := m.now().UTC()
+	run := Run{ID: newReplayID(now), Source: src.Name, State: RunRunning, CreatedBy: r.Who, CreatedAt: now, Why: r.Why, Spec: spec}
+	if r.DryRun {
+		run.DryRun = true
+		run.Progress = Progress{Selected: len(spec.IDs), Remaining: len(spec.IDs),
+			ETA: time.Duration(float64(len(spec.IDs)) / spec.Rate * float64(time.Second))}
+		return run, nil
+	}
+	rec := RunRecord{Version: RecordVersion, Kind: KindRun, Run: run.ID, Op: OpCreate, Who: r.Who, At: now, Why: r.Why, Spec: &spec}
+	if _, err := m.appendRun(ctx, src, rec); err != nil {
+		return Run{}, err
+	}
+	// Claimed at once, so that no other replica starts it first.
+	if err := m.claim(ctx, src, run.ID); err != nil {
+		m.log.Warn("replay created; claiming it failed, another replica will take it over", "replay", run.ID, "err", err)
+	}
+	return m.o.Index.Run(run.ID)
+}
+
+// resolve checks a request and resolves its selection into a spec.
+func (m *Manager) resolve(r ReplayRequest) (RunSpec, *ManagedSource, error) {
+	spec := RunSpec{
+		Force: r.Force, Rate: r.Rate, BatchSize: r.BatchSize, Sample: r.Sample, SampleTimeout: r.SampleTimeout,
+		StopFailureRatio: r.StopFailureRatio, HeartbeatTTL: m.o.HeartbeatTTL,
+	}
+	if spec.Rate == 0 {
+		spec.Rate = DefaultReplayRate
+	}
+	if spec.BatchSize == 0 {
+		spec.BatchSize = DefaultReplayBatch
+	}
+	if spec.StopFailureRatio == 0 {
+		spec.StopFailureRatio = DefaultStopFailureRatio
+	}
+	if spec.Sample > 0 && spec.SampleTimeout == 0 {
+		spec.SampleTimeout = DefaultSampleTimeout
+	}
+	switch {
+	case !(spec.Rate > 0) || spec.Rate > 100000:
+		return spec, nil, fmt.Errorf("%w: rate %v: want more than 0 and at most 100000 a second", ErrBadRequest, r.Rate)
+	case spec.BatchSize < 1 || spec.BatchSize > 10000:
+		return spec, nil, fmt.Errorf("%w: batch size %d: want 1 to 10000", ErrBadRequest, r.BatchSize)
+	case spec.Sample < 0 || spec.SampleTimeout < 0:
+		return spec, nil, fmt.Errorf("%w: sample %d in %v", ErrBadRequest, r.Sample, r.SampleTimeout)
+	case !(spec.StopFailureRatio > 0 && spec.StopFailureRatio <= 1):
+		return spec, nil, fmt.Errorf("%w: stop failure ratio %v: want more than 0 and at most 1", ErrBadRequest, r.StopFailureRatio)
+	case r.Who == "":
+		return spec, nil, fmt.Errorf("%w: no one asked", ErrBadRequest)
+	}
+	run := Run{Spec: spec}
+	var src *ManagedSource
+	if len(r.IDs) > 0 {
+		seen := map[ID]bool{}
+		for _, id := range r.IDs {
+			s, err := m.sourceOf(id)
+			if err != nil {
+				return spec, nil, err
+			}
+			if src != nil && s != src {
+				return spec, nil, fmt.Errorf("%w: %s and %s are dead letters of different sources: one run replays one source", ErrBadRequest, r.IDs[0], id)
+			}
+			src = s
+			l, err := m.o.Index.Get(id)
+			if err != nil {
+				return spec, nil, err
+			}
+			if !run.replayable(&l) {
+				if l.State == Pending {
+					return spec, nil, fmt.Errorf("%w: %s is pending: approve it first, or force the replay", ErrIllegal, id)
+				}
+				return spec, nil, fmt.Errorf("%w: %s is %s: only approved dead letters are replayed", ErrIllegal, id, l.State)
+			}
+			if !seen[id] {
+				seen[id] = true
+				spec.IDs = append(spec.IDs, id.String())
+			}
+		}
+	} else {
+		if r.Filter.Source == "" {
+			return spec, nil, fmt.Errorf("%w: select dead letters by id, or by source (with reason, time and states)", ErrBadRequest)
+		}
+		var err error
+		if src, err = m.source(r.Filter.Source); err != nil {
+			return spec, nil, err
+		}
+		f := r.Filter
+		if len(f.States) == 0 {
+			f.States = []State{Approved}
+		}
+		for _, st := range f.States {
+			if st != Approved && !(st == Pending && r.Force) {
+				return spec, nil, fmt.Errorf("%w: a replay selects approved dead letters (and pending ones when forced), not %s", ErrBadRequest, st)
+			}
+		}
+		f.After, f.Limit = "", MaxLimit
+		for {
+			p, err := m.o.Index.List(f)
+			if err != nil {
+				return spec, nil, err
+			}
+			for _, l := range p.Letters {
+				spec.IDs = append(spec.IDs, l.ID.String())
+			}
+			if len(spec.IDs) > MaxReplaySelection {
+				return spec, nil, fmt.Errorf("%w: more than %d dead letters selected: narrow the selection (time range, reason)", ErrBadRequest, MaxReplaySelection)
+			}
+			if p.Next == "" {
+				break
+			}
+			f.After = p.Next
+		}
+	}
+	if len(spec.IDs) == 0 {
+		return spec, nil, fmt.Errorf("%w: nothing selected", ErrNotFound)
+	}
+	return spec, src, nil
+}
+
+// ErrBadRequest is returned for a request that cannot be carried out as
+// asked.
+var ErrBadRequest = errors.New("bad request")
+
+// newReplayID is a replay id: sortable by its creation, unique.
+func newReplayID(now time.Time) string {
+	return "replay-" + now.Format("20060102T150405Z") + "-" + newNonce()[:8]
 }
 
 // Replay returns a run with its progress.
-func (m *Manager) Replay(id string) (Run, error) {
-	return Run{}, ErrNoRun
-}
+func (m *Manager) Replay(id string) (Run, error) { return m.o.Index.Run(id) }
 
 // Replays returns the runs of source (every source when empty), newest
 // first, with their progress.
 func (m *Manager) Replays(source string) ([]Run, error) {
-	return nil, nil
+	if source != "" {
+		if _, err := m.source(source); err != nil {
+			return nil, err
+		}
+	}
+	return m.o.Index.Runs(source)
 }
 
 // CancelReplay records that a run is cancelled; its runner stops before its
-// next publish.
+// next publish. What was published stays published.
 func (m *Manager) CancelReplay(ctx context.Context, id, who, why string) (Run, error) {
-	return Run{}, ErrNoRun
+	run, err := m.o.Index.Run(id)
+	if err != nil {
+		return Run{}, err
+	}
+	if run.Ended() {
+		return run, fmt.Errorf("%w: replay %s is %s already", ErrIllegal, id, run.State)
+	}
+	src, err := m.source(run.Source)
+	if err != nil {
+		return Run{}, err
+	}
+	rec := RunRecord{Version: RecordVersion, Kind: KindRun, Run: id, Op: OpCancel, Who: who, At: m.now().UTC(), Why: why}
+	if run, err = m.appendRun(ctx, src, rec); err != nil {
+		return run, err
+	}
+	if run.State != RunCancelled {
+		return run, fmt.Errorf("%w: replay %s is %s", ErrLost, id, run.State)
+	}
+	return run, nil
+}
+
+// appendRun appends a run record and returns the run once the index read it.
+func (m *Manager) appendRun(ctx context.Context, src *ManagedSource, r RunRecord) (Run, error) {
+	r.Nonce = newNonce()
+	body, err := r.Encode()
+	if err != nil {
+		return Run{}, err
+	}
+	if err := m.o.Index.appendRead(ctx, src.Source, body, r.Nonce); err != nil {
+		return Run{}, err
+	}
+	return m.o.Index.Run(r.Run)
+}
+
+// claim writes a heartbeat for the run, which makes this replica its runner
+// when no other holds it, and starts driving it if so.
+func (m *Manager) claim(ctx context.Context, src *ManagedSource, id string) error {
+	run, err := m.appendRun(ctx, src, RunRecord{Version: RecordVersion, Kind: KindRun, Run: id, Op: OpHeartbeat, Who: m.o.Replica, At: m.now().UTC()})
+	if err != nil {
+		return err
+	}
+	if run.Ended() || run.Runner != m.o.Replica {
+		return nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.running[id]; ok || m.ctx == nil {
+		return nil
+	}
+	r := &runner{m: m, src: src, id: id, done: make(chan struct{})}
+	m.running[id] = r
+	m.log.Info("driving replay", "replay", id, "source", src.Name, "selected", len(run.Spec.IDs))
+	go r.drive(m.ctx)
+	return nil
 }
 
 // Handled is told by the engine that the app handled a replayed copy: one
 // whose trail names the dead letter it replays (broker.Trail.ReplayOf) and
-// its replay id. It records Complete in the ledger in the background, and
-// never blocks.
-func (m *Manager) Handled(source string, t broker.Trail) {}
-
-// Run keeps the index caught up with every source's logs and drives the
-// replay runs this replica holds, until ctx ends.
-func (m *Manager) Run(ctx context.Context) error {
-	<-ctx.Done()
-	return nil
+// its replay id. It queues the Complete record, appended in the background:
+// it never blocks the hand-off. A copy handled while the queue is full is
+// logged and left Replaying.
+func (m *Manager) Handled(source string, t broker.Trail) {
+	select {
+	case m.handled <- handled{source: source, trail: t}:
+	default:
+		m.log.Warn("replayed copy handled, but too many outcomes wait to be recorded: it stays replaying",
+			"source", source, "event_id", t.EventID, "replay", t.ReplayID, "dead_letter", t.ReplayOf)
+	}
 }
 
-type runner struct{}
+type handled struct {
+	source string
+	trail  broker.Trail
+}
+
+// recordHandled appends Complete for a handled replayed copy, once the
+// ledger shows the run that replayed it: a copy whose headers name a dead
+// letter and a run that never replayed it changes nothing.
+func (m *Manager) recordHandled(ctx context.Context, h handled) {
+	src, err := m.source(h.source)
+	if err != nil {
+		return
+	}
+	id, err := ParseID(h.trail.ReplayOf)
+	if err != nil || id.Log != src.DLQ.Name() {
+		m.log.Warn("handled copy names a dead letter not of its source", "source", h.source, "replay_of", h.trail.ReplayOf)
+		return
+	}
+	for try := 0; ; try++ {
+		run, err := m.o.Index.Run(h.trail.ReplayID)
+		if err == nil && slices.Contains(run.Spec.IDs, id.String()) {
+			break
+		}
+		if try == 2 || ctx.Err() != nil {
+			m.log.Warn("handled copy names a replay the ledger does not hold for its dead letter: not recorded",
+				"dead_letter", id.String(), "replay", h.trail.ReplayID)
+			return
+		}
+		if err := m.o.Index.catchUpLedger(ctx, src.Source, ""); err != nil {
+			m.log.Warn("reading the ledger", "source", src.Name, "err", err)
+		}
+	}
+	for try := 0; ctx.Err() == nil; try++ {
+		_, err := m.o.Index.Apply(ctx, src.Source, Change{ID: id, Transition: Complete, Who: m.o.Replica,
+			Why: "the app handled the replayed copy", ReplayID: h.trail.ReplayID})
+		switch {
+		case err == nil:
+			return
+		case errors.Is(err, ErrIllegal) || errors.Is(err, ErrLost) || errors.Is(err, ErrNotFound):
+			// Closed already (a duplicate copy handled twice), or terminated.
+			m.log.Info("replayed copy handled; its dead letter was closed already", "dead_letter", id.String(), "err", err)
+			return
+		}
+		m.log.Warn("recording a replayed copy's outcome failed; trying again", "dead_letter", id.String(), "err", err)
+		if !sleep(ctx, min(time.Duration(try+1)*m.o.Poll, 30*time.Second)) {
+			return
+		}
+	}
+}
+
+// drainOutcomes bounds how long outcomes still queued when the manager
+// stops are recorded: the engine has settled their copies, and a copy
+// whose outcome is not recorded leaves its dead letter replaying.
+const drainOutcomes = 5 * time.Second
+
+// recordOutcomes records the queued outcomes until ctx ends, then those
+// still queued, for at most drainOutcomes.
+func (m *Manager) recordOutcomes(ctx context.Context) {
+	for {
+		select {
+		case h := <-m.handled:
+			m.recordHandled(ctx, h)
+			continue
+		case <-ctx.Done():
+		}
+		break
+	}
+	drain, cancel := context.WithTimeout(context.WithoutCancel(ctx), drainOutcomes)
+	defer cancel()
+	for drain.Err() == nil {
+		select {
+		case h := <-m.handled:
+			m.recordHandled(drain, h)
+		default:
+			return
+		}
+	}
+	if n := len(m.handled); n > 0 {
+		m.log.Warn("stopping with replayed copies' outcomes unrecorded: their dead letters stay replaying", "count", n)
+	}
+}
+
+// sleep waits d or until ctx ends, and reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// Run keeps the index caught up with every source's logs, records the
+// outcomes of handled replayed copies, and drives the replay runs this
+// replica holds or takes over, until ctx ends. It returns nil then, or the
+// first error of the first catch-up (a broker unreachable at start is
+// retried, not returned).
+func (m *Manager) Run(ctx context.Context) error {
+	m.mu.Lock()
+	m.ctx = ctx
+	m.mu.Unlock()
+	var wg sync.WaitGroup
+	defer func() {
+		wg.Wait()
+		m.mu.Lock()
+		rs := make([]*runner, 0, len(m.running))
+		for _, r := range m.running {
+			rs = append(rs, r)
+		}
+		m.mu.Unlock()
+		for _, r := range rs {
+			<-r.done
+		}
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		m.recordOutcomes(ctx)
+	}()
+	counted := map[string]Counts{}
+	for {
+		for i := range m.o.Sources {
+			src := &m.o.Sources[i]
+			c, err := m.o.Index.CatchUp(ctx, src.Source)
+			if ctx.Err() != nil {
+				return nil
+			}
+			if err != nil {
+				m.log.Warn("dead-letter index: catching up failed; trying again", "source", src.Name, "err", err)
+				continue
+			}
+			if c.Letters > 0 || c.Records > 0 || c.Expired > 0 {
+				m.log.Debug("dead-letter index caught up", "source", src.Name, "letters", c.Letters, "records", c.Records,
+					"refused", c.Refused, "expired", c.Expired)
+			}
+			m.report(src.Name, counted)
+			m.adopt(ctx, src)
+		}
+		if !sleep(ctx, m.o.Poll) {
+			return nil
+		}
+	}
+}
+
+// report logs a source's open dead letters when their count changes: the
+// figure an operator watches, with the oldest one's age.
+func (m *Manager) report(source string, last map[string]Counts) {
+	c, err := m.o.Index.Counts(source)
+	if err != nil {
+		return
+	}
+	if prev, ok := last[source]; ok && prev.Open == c.Open && prev.ByState[Expired] == c.ByState[Expired] {
+		return
+	}
+	last[source] = c
+	args := []any{"source", source, "open", c.Open}
+	if !c.OldestOpen.IsZero() {
+		args = append(args, "oldest_open_age", m.now().Sub(c.OldestOpen).Round(time.Second))
+	}
+	for _, s := range States {
+		if n := c.ByState[s]; n > 0 {
+			args = append(args, string(s), n)
+		}
+	}
+	m.log.Info("dead letters", args...)
+}
+
+// adopt claims the source's running runs that no replica drives: those
+// without a runner, those this replica ran before it restarted, and those
+// whose runner's heartbeat is older than the run's TTL.
+func (m *Manager) adopt(ctx context.Context, src *ManagedSource) {
+	runs, err := m.o.Index.Runs(src.Name)
+	if err != nil {
+		return
+	}
+	now := m.now()
+	for _, run := range runs {
+		if run.Ended() {
+			continue
+		}
+		m.mu.Lock()
+		_, mine := m.running[run.ID]
+		m.mu.Unlock()
+		if mine {
+			continue
+		}
+		if run.Runner != "" && run.Runner != m.o.Replica && now.Sub(run.HeartbeatAt) <= run.Spec.HeartbeatTTL {
+			continue
+		}
+		if run.Runner != "" && run.Runner != m.o.Replica {
+			m.log.Warn("taking over a replay whose runner stopped", "replay", run.ID, "runner", run.Runner,
+				"last_heartbeat", run.HeartbeatAt)
+		}
+		if err := m.claim(ctx, src, run.ID); err != nil && ctx.Err() == nil {
+			m.log.Warn("claiming a replay failed", "replay", run.ID, "err", err)
+		}
+	}
+}

@@ -1,0 +1,321 @@
+package deadletter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"handoff.dev/handoff/internal/broker"
+)
+
+// runner drives one replay run on this replica: it publishes the selected
+// dead letters at the run's rate, records each Replay once the publish is
+// confirmed, waits for the sample's outcomes, stops at the failure
+// threshold, pauses while the app is under pressure, and keeps its claim on
+// the run with heartbeats.
+type runner struct {
+	m    *Manager
+	src  *ManagedSource
+	id   string
+	done chan struct{}
+	// pause is why the runner waits now; "" while it publishes.
+	pause atomic.Pointer[string]
+}
+
+// errNotRunner ends a drive whose run ended or went to another replica.
+var errNotRunner = errors.New("no longer this replica's run")
+
+func (r *runner) drive(parent context.Context) {
+	defer close(r.done)
+	defer func() {
+		r.m.mu.Lock()
+		delete(r.m.running, r.id)
+		r.m.mu.Unlock()
+	}()
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r.heartbeat(ctx, cancel)
+	}()
+	state, why, err := r.run(ctx)
+	cancel()
+	wg.Wait()
+	log := r.m.log.With("replay", r.id, "source", r.src.Name)
+	switch {
+	case errors.Is(err, errNotRunner):
+		log.Info("replay no longer driven here", "why", why)
+		return
+	case err != nil:
+		if parent.Err() == nil {
+			log.Warn("replay runner failed; it is taken over when its heartbeat is stale", "err", err)
+		}
+		return
+	}
+	rec := RunRecord{Version: RecordVersion, Kind: KindRun, Run: r.id, Op: OpEnd, Who: r.m.o.Replica,
+		At: r.m.now().UTC(), State: state, Why: why}
+	// The end is recorded even while the sidecar stops: a context of its
+	// own, bounded.
+	endCtx, endCancel := context.WithTimeout(context.WithoutCancel(parent), 10*time.Second)
+	defer endCancel()
+	if _, err := r.m.appendRun(endCtx, r.src, rec); err != nil {
+		log.Warn("recording the replay's end failed; the next runner finds it done", "err", err)
+		return
+	}
+	log.Info("replay ended", "state", state, "why", why)
+}
+
+// heartbeat writes a heartbeat every third of the run's TTL, saying whether
+// the runner is paused and why, and cancels the drive when the ledger shows
+// the run ended or held by another replica.
+func (r *runner) heartbeat(ctx context.Context, stop context.CancelFunc) {
+	run, err := r.m.o.Index.Run(r.id)
+	if err != nil {
+		stop()
+		return
+	}
+	every := run.Spec.HeartbeatTTL / 3
+	for sleep(ctx, every) {
+		rec := RunRecord{Version: RecordVersion, Kind: KindRun, Run: r.id, Op: OpHeartbeat, Who: r.m.o.Replica, At: r.m.now().UTC()}
+		if p := r.pause.Load(); p != nil && *p != "" {
+			rec.Paused, rec.Why = true, *p
+		}
+		run, err := r.m.appendRun(ctx, r.src, rec)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			r.m.log.Warn("replay heartbeat failed", "replay", r.id, "err", err)
+			continue
+		}
+		if run.Ended() || run.Runner != r.m.o.Replica {
+			stop()
+			return
+		}
+	}
+}
+
+// run publishes the run's selection and says how it ended.
+func (r *runner) run(ctx context.Context) (RunState, string, error) {
+	run, err := r.current()
+	if err != nil {
+		return "", "", err
+	}
+	spec := run.Spec
+	lim := rate.NewLimiter(rate.Limit(spec.Rate), 1)
+	ids := make([]ID, len(spec.IDs))
+	for i, s := range spec.IDs {
+		if ids[i], err = ParseID(s); err != nil {
+			return "", "", err
+		}
+	}
+	rest := ids
+	if spec.Sample > 0 {
+		sample := ids[:min(spec.Sample, len(ids))]
+		rest = ids[len(sample):]
+		if err := r.publish(ctx, sample, lim); err != nil {
+			return "", "", err
+		}
+		known, failed, err := r.awaitOutcomes(ctx, sample, spec.SampleTimeout)
+		if err != nil {
+			return "", "", err
+		}
+		if known < countPublished(r, sample) {
+			return RunStopped, fmt.Sprintf("the sample's outcomes did not all come within %v: %d of %d known; nothing more was published",
+				spec.SampleTimeout, known, len(sample)), nil
+		}
+		if known > 0 && float64(failed)/float64(known) > spec.StopFailureRatio {
+			return RunStopped, fmt.Sprintf("the sample failed: %d of %d replayed copies failed again (%.2f > %.2f); nothing more was published",
+				failed, known, float64(failed)/float64(known), spec.StopFailureRatio), nil
+		}
+	}
+	for len(rest) > 0 {
+		batch := rest[:min(spec.BatchSize, len(rest))]
+		rest = rest[len(batch):]
+		if err := r.publish(ctx, batch, lim); err != nil {
+			return "", "", err
+		}
+		run, err := r.current()
+		if err != nil {
+			return "", "", err
+		}
+		p := run.Progress
+		if known := p.Handled + p.Failed; known > 0 && float64(p.Failed)/float64(known) > spec.StopFailureRatio {
+			return RunStopped, fmt.Sprintf("stop threshold passed: %d of %d replayed copies failed again (%.2f > %.2f); %d left unpublished",
+				p.Failed, known, float64(p.Failed)/float64(known), spec.StopFailureRatio, p.Remaining), nil
+		}
+	}
+	run, err = r.current()
+	if err != nil {
+		return "", "", err
+	}
+	return RunCompleted, fmt.Sprintf("%d published, %d skipped", run.Progress.Published, run.Progress.Skipped), nil
+}
+
+// current is the run as the index holds it; errNotRunner when it ended or
+// another replica holds it.
+func (r *runner) current() (Run, error) {
+	run, err := r.m.o.Index.Run(r.id)
+	if err != nil {
+		return run, err
+	}
+	if run.Ended() || run.Runner != r.m.o.Replica {
+		return run, fmt.Errorf("%w: %s, runner %q", errNotRunner, run.State, run.Runner)
+	}
+	return run, nil
+}
+
+// publish replays the letters of ids that the run may still publish, one
+// at a time at the limiter's rate, each recorded once confirmed.
+func (r *runner) publish(ctx context.Context, ids []ID, lim *rate.Limiter) error {
+	for _, id := range ids {
+		// Waited for first, so that a cancel that came meanwhile is seen.
+		if err := r.wait(ctx); err != nil {
+			return err
+		}
+		if err := lim.Wait(ctx); err != nil {
+			return err
+		}
+		run, err := r.current()
+		if err != nil {
+			return err
+		}
+		l, err := r.m.o.Index.Get(id)
+		if errors.Is(err, ErrNotFound) {
+			continue // retention removed it before the index read it: skipped
+		}
+		if err != nil {
+			return err
+		}
+		if runStep(&l, r.id).published || !run.replayable(&l) {
+			continue
+		}
+		if err := r.replayOne(ctx, &run, l); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// wait holds the run while the app is under pressure: fresh intake paused,
+// overload answered, the app unreachable. A replay shares the app with live
+// traffic, which goes first.
+func (r *runner) wait(ctx context.Context) error {
+	for {
+		why := r.m.o.Pressure()
+		if why == "" {
+			if p := r.pause.Swap(nil); p != nil && *p != "" {
+				r.m.log.Info("replay resumed", "replay", r.id)
+			}
+			return nil
+		}
+		if p := r.pause.Swap(&why); p == nil || *p != why {
+			r.m.log.Info("replay paused", "replay", r.id, "why", why)
+		}
+		if !sleep(ctx, r.m.o.Poll/4) {
+			return ctx.Err()
+		}
+		if _, err := r.current(); err != nil {
+			return err
+		}
+	}
+}
+
+// replayOne publishes one letter's copy and records its Replay.
+func (r *runner) replayOne(ctx context.Context, run *Run, l Letter) error {
+	if l.State == Pending {
+		// A forced run approves on the way, in the name of who forced it.
+		al, err := r.m.o.Index.Apply(ctx, r.src.Source, Change{ID: l.ID, Transition: Approve, Who: run.CreatedBy,
+			Why: "approved by the forced replay " + r.id})
+		if err != nil {
+			if errors.Is(err, ErrIllegal) || errors.Is(err, ErrLost) {
+				return nil // closed meanwhile: skipped
+			}
+			return err
+		}
+		l = al
+	}
+	msg, err := Message(ctx, r.src.Source, l.ID)
+	if errors.Is(err, ErrNotFound) {
+		r.m.log.Warn("replay: the dead letter's entry is gone from its log; skipped", "replay", r.id, "id", l.ID.String())
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	copyMsg := *msg
+	if a := l.Approval(); a != nil && a.Repair != nil {
+		copyMsg.Body = a.Repair.Body
+		if a.Repair.ContentType != "" {
+			copyMsg.ContentType = a.Repair.ContentType
+		}
+	}
+	trail := broker.Headers{
+		broker.HeaderEventID:  l.EventID,
+		broker.HeaderReplayID: r.id,
+		broker.HeaderReplayOf: l.ID.String(),
+	}
+	if err := r.src.Republisher.Republish(ctx, &copyMsg, trail); err != nil {
+		return fmt.Errorf("republish %s: %w", l.ID, err)
+	}
+	_, err = r.m.o.Index.Apply(ctx, r.src.Source, Change{ID: l.ID, Transition: Replay, Who: r.m.o.Replica,
+		Why: "published to " + r.src.Name, ReplayID: r.id})
+	if err != nil && (errors.Is(err, ErrIllegal) || errors.Is(err, ErrLost)) {
+		// The copy's outcome was recorded first, or the letter was closed
+		// by hand while its copy was on its way: the ledger has the last word.
+		r.m.log.Info("replay published; its record was refused", "replay", r.id, "id", l.ID.String(), "err", err)
+		return nil
+	}
+	return err
+}
+
+// awaitOutcomes waits up to d for the outcomes of the published letters of
+// ids, and returns how many are known and how many of those failed.
+func (r *runner) awaitOutcomes(ctx context.Context, ids []ID, d time.Duration) (known, failed int, err error) {
+	deadline := r.m.now().Add(d)
+	for {
+		if _, err := r.current(); err != nil {
+			return 0, 0, err
+		}
+		known, failed, waiting := 0, 0, 0
+		for _, id := range ids {
+			l, err := r.m.o.Index.Get(id)
+			if err != nil {
+				continue
+			}
+			switch s := runStep(&l, r.id); {
+			case s.handled:
+				known++
+			case s.failed:
+				known++
+				failed++
+			case s.published:
+				waiting++
+			}
+		}
+		if waiting == 0 || !r.m.now().Before(deadline) {
+			return known, failed, nil
+		}
+		if !sleep(ctx, r.m.o.Poll/4) {
+			return 0, 0, ctx.Err()
+		}
+	}
+}
+
+// countPublished counts the letters of ids the run published.
+func countPublished(r *runner, ids []ID) int {
+	n := 0
+	for _, id := range ids {
+		if l, err := r.m.o.Index.Get(id); err == nil && runStep(&l, r.id).published {
+			n++
+		}
+	}
+	return n
+}
