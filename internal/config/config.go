@@ -143,6 +143,17 @@ type DeadLetter struct {
 	// x-max-age on RabbitMQ, the topic's retention.ms on Kafka. It applies
 	// when the sidecar creates the destination; an existing one keeps its own.
 	Retention Duration `yaml:"retention"`
+	// Index is the replica's index of the dead-letter logs, a bbolt file
+	// rebuilt from the logs when it is missing; the journal's path with
+	// ".deadletters" added when empty.
+	Index string `yaml:"index"`
+	// Poll is how often the index catches up with the logs: how soon a
+	// dead letter, a transition made by another replica or a replayed
+	// copy's failure shows here.
+	Poll Duration `yaml:"poll"`
+	// ReplayTakeover is how long a replay's runner may go without a
+	// heartbeat before another replica takes the replay over.
+	ReplayTakeover Duration `yaml:"replay_takeover"`
 }
 
 // DefaultDeadLetterRetention is deadletter.retention when it is not set.
@@ -191,7 +202,7 @@ func Default() Config {
 		},
 		Budget:     Budget{Ratio: 0.2, MinPerSecond: 10, Window: Duration(10 * time.Second)},
 		Journal:    Journal{Path: "./handoff.db", Sync: "batch", Retention: Duration(24 * time.Hour)},
-		DeadLetter: DeadLetter{Retention: Duration(DefaultDeadLetterRetention)},
+		DeadLetter: DeadLetter{Retention: Duration(DefaultDeadLetterRetention), Poll: Duration(time.Second), ReplayTakeover: Duration(10 * time.Second)},
 		Admin:      Admin{Listen: "127.0.0.1:9400"},
 		Telemetry:  Telemetry{MetricsListen: "127.0.0.1:9464"},
 		Shutdown:   Shutdown{DrainTimeout: Duration(30 * time.Second)},

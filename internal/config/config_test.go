@@ -138,6 +138,8 @@ func TestParseProblems(t *testing.T) {
 		{"deadletter retention zero", replace(t, "outcomes:\n", "deadletter: {retention: 0s}\noutcomes:\n"), []string{"deadletter.retention: must be positive"}},
 		{"deadletter retention negative", replace(t, "outcomes:\n", "deadletter: {retention: -1h}\noutcomes:\n"), []string{"deadletter.retention: must be positive"}},
 		{"deadletter retention in days", replace(t, "outcomes:\n", "deadletter: {retention: 14d}\noutcomes:\n"), []string{"deadletter.retention: invalid duration \"14d\""}},
+		{"deadletter poll too fast", replace(t, "outcomes:\n", "deadletter: {poll: 1ms}\noutcomes:\n"), []string{"deadletter.poll: must be between 10ms and 1m"}},
+		{"deadletter takeover too soon", replace(t, "outcomes:\n", "deadletter: {replay_takeover: 100ms}\noutcomes:\n"), []string{"deadletter.replay_takeover: must be at least 1s"}},
 		{"list where mapping", replace(t, "journal:   {path: ./handoff.db}", "journal: [a]"), []string{"journal: want a mapping"}},
 		{"budget out of range", replace(t, "outcomes:\n", "budget: {ratio: 1.5, min_per_second: -1, window: 0s}\noutcomes:\n"), []string{
 			"budget.ratio: must be between 0 and 1", "budget.min_per_second: must not be negative", "budget.window: must be at least 1s"}},

@@ -82,6 +82,12 @@ func (c *Config) Validate() error {
 	if c.DeadLetter.Retention <= 0 {
 		ps.add("deadletter.retention", "must be positive")
 	}
+	if c.DeadLetter.Poll < Duration(10*time.Millisecond) || c.DeadLetter.Poll > Duration(time.Minute) {
+		ps.add("deadletter.poll", "must be between 10ms and 1m")
+	}
+	if c.DeadLetter.ReplayTakeover < Duration(time.Second) {
+		ps.add("deadletter.replay_takeover", "must be at least 1s")
+	}
 	c.Admin.validate(&ps)
 	validateListen("telemetry.metrics_listen", c.Telemetry.MetricsListen, true, &ps)
 	if c.Shutdown.DrainTimeout < 0 {
