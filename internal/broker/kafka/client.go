@@ -77,6 +77,10 @@ type Client struct {
 	retry map[string]bool // retry topics
 
 	txn *committer // nil unless transactional
+	// plain produces replayed copies for a transactional client, whose own
+	// producer cannot produce outside a transaction; made on first use.
+	plainMu sync.Mutex
+	plain   *kgo.Client
 
 	mu    sync.Mutex
 	parts map[topicPartition]*partition
@@ -453,7 +457,7 @@ func (c *Client) settle(d *delivery) {
 }
 
 // Close commits the watermark of every partition, leaves the group and
-// closes the client. Call it after every delivery is settled or handed back.
+// closes the client, and the producer of replayed copies if one was made. Call it after every delivery is settled or handed back.
 // It is safe to call twice.
 func (c *Client) Close() error {
 	var err error
@@ -469,6 +473,7 @@ func (c *Client) Close() error {
 		}
 		c.leave()
 		c.cl.Close()
+		c.closePlainProducer()
 	})
 	return err
 }

@@ -8,6 +8,9 @@ import (
 	"handoff.dev/handoff/internal/broker"
 )
 
+// contentTypeHeader is the header a record's content type is read from.
+const contentTypeHeader = "content-type"
+
 // delivery is one record with its handle.
 type delivery struct {
 	c   *Client
@@ -24,7 +27,7 @@ func (c *Client) newDelivery(st *partition, r *kgo.Record) *delivery {
 	var contentType string
 	for _, kv := range r.Headers {
 		h[kv.Key] = string(kv.Value)
-		if kv.Key == "content-type" {
+		if kv.Key == contentTypeHeader {
 			contentType = string(kv.Value)
 		}
 	}

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -135,20 +134,7 @@ func produce(t *testing.T, addrs []string, recs ...*kgo.Record) {
 
 func committed(t *testing.T, addrs []string, topic string) int64 {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	offs, err := kadm.NewClient(cl).FetchOffsets(context.Background(), "g")
-	if err != nil {
-		t.Fatal(err)
-	}
-	o, ok := offs.Lookup(topic, 0)
-	if !ok {
-		return -1
-	}
-	return o.At
+	return committedOf(t, addrs, "g", topic)
 }
 
 // consume runs c.Consume until n deliveries arrived and returns them; the

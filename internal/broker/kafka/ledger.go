@@ -157,7 +157,7 @@ func (l *TopicLog) Read(ctx context.Context, from map[int32]int64, each func(par
 			for _, h := range r.Headers {
 				m.Headers[h.Key] = string(h.Value)
 			}
-			m.ContentType = m.Headers["content-type"]
+			m.ContentType = m.Headers[contentTypeHeader]
 			failed = each(r.Partition, r.Offset, r.Timestamp, m)
 		})
 		if failed != nil {

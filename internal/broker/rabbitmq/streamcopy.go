@@ -109,6 +109,10 @@ func jsonValue(v any) any {
 	return v
 }
 
+// deliveryCountHeader is the header in which a quorum queue counts a
+// message's deliveries.
+const deliveryCountHeader = "x-delivery-count"
+
 // publishingOf is a delivery published again unchanged, as far as a stream
 // keeps it: the broker's own headers (a quorum queue's x-delivery-count, a
 // stream's x-stream-offset) are left out, and so are expiration (the copy
@@ -119,7 +123,7 @@ func publishingOf(d *amqp.Delivery) amqp.Publishing {
 	if len(d.Headers) > 0 {
 		h = make(amqp.Table, len(d.Headers))
 		for k, v := range d.Headers {
-			if k != streamOffsetArg && k != "x-delivery-count" {
+			if k != streamOffsetArg && k != deliveryCountHeader {
 				h[k] = v
 			}
 		}
