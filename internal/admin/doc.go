@@ -18,6 +18,13 @@
 // REST guard stands in front of every path, not only "/v1/": the gateway
 // decodes escaped slashes into routes. The OpenAPI document is open: it holds no state of the sidecar.
 //
+// The dead-letter and replay calls go through DeadLetters (a
+// *deadletter.Manager); they always need the token, since a dead letter's
+// body and headers may hold personal data. A change they record names who
+// made it: Options.TokenName (admin.token_name), then "/" and the operator
+// the request names, which is not verified: it tells apart the people
+// behind one token, no more.
+//
 // # Caveats
 //
 // The listener has no TLS: the token travels in clear. Keep admin.listen on

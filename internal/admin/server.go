@@ -38,6 +38,13 @@ type Options struct {
 	Engine   Engine
 	Journal  Journal
 	Sources  []Source
+	// DeadLetters serves the dead-letter and replay calls; nil answers
+	// them Unavailable.
+	DeadLetters DeadLetters
+	// TokenName is who the ledger records for a change made with Token
+	// (admin.token_name), followed by "/" and the operator the request
+	// names, if any; DefaultTokenName when empty.
+	TokenName string
 
 	Logger *slog.Logger
 	// Now is the clock; nil means time.Now.
@@ -61,6 +68,9 @@ func Listen(o Options) (*Server, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	if o.TokenName == "" {
+		o.TokenName = DefaultTokenName
+	}
 	if o.Engine == nil || o.Journal == nil {
 		return nil, errors.New("admin: an engine and a journal are required")
 	}
@@ -75,6 +85,9 @@ func Listen(o Options) (*Server, error) {
 	// guard, in front of every path and again on every route.
 	gw := runtime.NewServeMux(runtime.WithMiddlewares(auth.restCall))
 	if err := adminv1.RegisterAdminHandlerServer(context.Background(), gw, svc); err != nil {
+		return nil, fmt.Errorf("admin gateway: %w", err)
+	}
+	if err := routeListDeadLetters(gw, svc); err != nil {
 		return nil, fmt.Errorf("admin gateway: %w", err)
 	}
 	mux := http.NewServeMux()
