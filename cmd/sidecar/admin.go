@@ -45,6 +45,7 @@ func listenAdmin(cfg config.Config, token []byte, started time.Time, engine *dis
 		Listen:             cfg.Admin.Listen,
 		Token:              token,
 		AllowAnonymousRead: cfg.Admin.AllowAnonymousRead,
+		TokenName:          cfg.Admin.TokenName,
 		Started:            started,
 		// The same reasons /readyz gives, the first of them.
 		NotReady: func() error {

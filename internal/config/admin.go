@@ -3,6 +3,8 @@ package config
 import (
 	"net"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 func (a *Admin) validate(ps *Problems) {
@@ -10,6 +12,23 @@ func (a *Admin) validate(ps *Problems) {
 	if a.AllowAnonymousRead && a.Listen != "" && !LoopbackAddr(a.Listen) {
 		ps.add("admin.allow_anonymous_read", "only on a loopback listener: admin.listen %q is reachable from other hosts; set a token_file instead", a.Listen)
 	}
+	if a.TokenName == "" || len(a.TokenName) > MaxTokenNameLen || !printable(a.TokenName) {
+		ps.add("admin.token_name", "want 1 to %d bytes of printable text (who the dead-letter ledger records), got %q", MaxTokenNameLen, a.TokenName)
+	}
+}
+
+// printable reports whether s is valid UTF-8 of printable characters,
+// spaces included and control characters not.
+func printable(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			return false
+		}
+	}
+	return true
 }
 
 // Enabled reports whether the admin API is served: with a token, or with

@@ -20,6 +20,10 @@ func TestAdmin(t *testing.T) {
 		{"anonymous read on every interface", "{listen: ':9400', allow_anonymous_read: true}", "admin.allow_anonymous_read: only on a loopback listener", true},
 		{"anonymous read on another address", "{listen: '10.0.0.5:9400', allow_anonymous_read: true, token_file: /t}", "admin.allow_anonymous_read: only on a loopback listener", true},
 		{"bad listen", "{listen: nowhere}", "admin.listen: want host:port", false},
+		{"a token name", "{listen: 127.0.0.1:9400, token_file: /t, token_name: ops-oncall}", "", true},
+		{"an empty token name", "{listen: 127.0.0.1:9400, token_name: ''}", "admin.token_name: want 1 to 64 bytes", false},
+		{"a token name too long", "{listen: 127.0.0.1:9400, token_name: " + strings.Repeat("n", 65) + "}", "admin.token_name: want 1 to 64 bytes", false},
+		{"a token name with a newline", `{listen: 127.0.0.1:9400, token_name: "a\nb"}`, "admin.token_name: want 1 to 64 bytes", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -31,6 +35,9 @@ func TestAdmin(t *testing.T) {
 				t.Fatalf("Parse: %v, want %q", err, tt.problem)
 			case tt.problem != "":
 				return
+			}
+			if want := "admin"; tt.name == "a token name" && cfg.Admin.TokenName != "ops-oncall" || tt.name != "a token name" && cfg.Admin.TokenName != want {
+				t.Errorf("admin.token_name = %q", cfg.Admin.TokenName)
 			}
 			if cfg.Admin.Enabled() != tt.enabled {
 				t.Errorf("Enabled = %v, want %v", cfg.Admin.Enabled(), tt.enabled)

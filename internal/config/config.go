@@ -170,7 +170,15 @@ type Admin struct {
 	// timeline, whose evidence quotes the app). It is refused on a listener
 	// that is not loopback.
 	AllowAnonymousRead bool `yaml:"allow_anonymous_read"`
+	// TokenName is who the dead-letter ledger records for a change made
+	// with the token; a request may add an operator after it
+	// ("admin/alice"). Printable, at most MaxTokenNameLen bytes.
+	TokenName string `yaml:"token_name"`
 }
+
+// MaxTokenNameLen bounds admin.token_name, which every ledger record of a
+// change made through the admin API carries.
+const MaxTokenNameLen = 64
 
 // Telemetry is the metrics and health listener.
 type Telemetry struct {
@@ -203,7 +211,7 @@ func Default() Config {
 		Budget:     Budget{Ratio: 0.2, MinPerSecond: 10, Window: Duration(10 * time.Second)},
 		Journal:    Journal{Path: "./handoff.db", Sync: "batch", Retention: Duration(24 * time.Hour)},
 		DeadLetter: DeadLetter{Retention: Duration(DefaultDeadLetterRetention), Poll: Duration(time.Second), ReplayTakeover: Duration(10 * time.Second)},
-		Admin:      Admin{Listen: "127.0.0.1:9400"},
+		Admin:      Admin{Listen: "127.0.0.1:9400", TokenName: "admin"},
 		Telemetry:  Telemetry{MetricsListen: "127.0.0.1:9464"},
 		Shutdown:   Shutdown{DrainTimeout: Duration(30 * time.Second)},
 	}
