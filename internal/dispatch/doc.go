@@ -14,4 +14,10 @@
 // A transfer that fails (the broker is away, the destination queue is gone)
 // is retried with backoff while the source delivery stays unsettled; it is
 // never acked on a failed transfer.
+//
+// A message's handoff-* headers are read only on copies the sidecar made
+// itself (retry copies), with one exception: a replayed dead letter, which
+// comes back on its source, is known by the event id, replay id and dead
+// letter (handoff-replay-of) it was republished with. Its attempts and
+// deadline start fresh.
 package dispatch

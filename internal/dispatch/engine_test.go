@@ -21,8 +21,9 @@ import (
 // The engine's settle rules, against fakes: no broker, no app.
 
 type event struct {
-	kind string // "transfer", "ack", "release"
-	dest broker.Destination
+	kind  string // "transfer", "ack", "release"
+	dest  broker.Destination
+	trail broker.Headers // a transfer's
 }
 
 type fakeDelivery struct {
@@ -59,7 +60,7 @@ type fakeTransfer struct {
 	log   *[]event
 }
 
-func (f *fakeTransfer) Transfer(_ context.Context, dest broker.Destination, _ *broker.Message, _ broker.Headers) error {
+func (f *fakeTransfer) Transfer(_ context.Context, dest broker.Destination, _ *broker.Message, trail broker.Headers) error {
 	if n := f.fails.Load(); n != 0 {
 		if n > 0 {
 			f.fails.Add(-1)
@@ -67,7 +68,7 @@ func (f *fakeTransfer) Transfer(_ context.Context, dest broker.Destination, _ *b
 		return errors.New("no route")
 	}
 	f.mu.Lock()
-	*f.log = append(*f.log, event{kind: "transfer", dest: dest})
+	*f.log = append(*f.log, event{kind: "transfer", dest: dest, trail: trail})
 	f.mu.Unlock()
 	return nil
 }

@@ -140,10 +140,14 @@ func (h *handoff) readTrail() bool {
 		return false
 	}
 	id, hashed := eventID(h.msg)
-	// Headers a producer set under handoff-* are never read on a message's
-	// first entry: the trail starts here.
+	// On a message's first entry the trail starts here: a producer's
+	// handoff-* headers are not read, so it cannot forge attempts or
+	// deadlines. Only a replayed copy's identity is (readReplay).
 	h.trail = broker.Trail{EventID: id, Origin: h.msg.Origin}
 	h.key = journal.Key{Source: h.r.Name, EventID: id}
+	if h.readReplay() {
+		return true
+	}
 	if hashed {
 		h.logger().Warn("message has no id: using a content hash as its event id")
 	}
@@ -208,7 +212,11 @@ func (h *handoff) resume(ctx context.Context, st *journal.State) bool {
 		h.logger().Info("publishing an unconfirmed copy again", "to", dest, "attempt", st.Copy.Attempt)
 		h.transfer(ctx, st.Copy.Trail, dest, "unconfirmed copy")
 	case st.Hop == hop && st.Handled():
-		h.settleDuplicate("the app already handled it")
+		// Reported again: the first report may have been lost with the
+		// process, between the ack and its record.
+		if h.settleDuplicate("the app already handled it") {
+			h.reportReplayed()
+		}
 	case st.Hop == hop && st.HopAttempt > 0 && budget.Outcome(st.HopOutcome) == budget.Unreachable:
 		// The app never took that call: no attempt was made.
 		return false
@@ -465,7 +473,9 @@ func (h *handoff) decide(ctx context.Context, attempt int, res handler.Result, r
 		if h.fault(WindowHandled) {
 			return time.Time{}, false
 		}
-		h.settle("handled")
+		if h.settle("handled") {
+			h.reportReplayed()
+		}
 	case budget.Delay:
 		t.NextDue = dec.Due
 		if h.r.InPlace {
@@ -517,12 +527,14 @@ func (h *handoff) fault(w Window) bool {
 	return false
 }
 
-func (h *handoff) settle(why string) {
+// settle acks the delivery and reports whether the ack went out.
+func (h *handoff) settle(why string) bool {
 	if err := h.d.Ack(); err != nil {
 		h.logger().Warn("ack failed; the broker will redeliver", "err", err)
-		return
+		return false
 	}
 	h.appendAsync(journal.Record{Kind: journal.Settled, Hop: h.trail.Hops, Detail: why})
+	return true
 }
 
 // appendAsync queues rec, after the hop's RECEIVED record if that is still
@@ -550,9 +562,9 @@ func (h *handoff) pending() []journal.Record {
 	return recs
 }
 
-func (h *handoff) settleDuplicate(why string) {
+func (h *handoff) settleDuplicate(why string) bool {
 	h.logger().Info("settling a redelivery without calling the app", "hop", h.trail.Hops, "why", why)
-	h.settle("duplicate: " + why)
+	return h.settle("duplicate: " + why)
 }
 
 func (h *handoff) handBack() {

@@ -12,6 +12,9 @@ import (
 func (h *handoff) deadLetter(ctx context.Context, reason budget.Reason, before ...journal.Record) {
 	h.trail.DeadReason = string(reason)
 	h.trail.NextDue = time.Time{}
+	// Set before the TRANSFERRING record, which keeps the copy's trail: a
+	// copy published again after a crash says when it was first made.
+	h.trail.DeadLetteredAt = h.e.now()
 	h.logger().Info("dead-lettering", "reason", reason, "attempt", h.trail.Attempt, "error", h.trail.Error)
 	h.transfer(ctx, nil, broker.Destination{DeadLetter: true}, "dead-letter", before...)
 }
@@ -32,6 +35,11 @@ func (h *handoff) transfer(ctx context.Context, trail broker.Headers, dest broke
 	if trail == nil {
 		copyTrail := h.trail
 		copyTrail.Hops = next
+		if !dest.DeadLetter {
+			// Only a dead-letter copy says when it was made: a retry copy
+			// of a message that came with the header is no dead letter.
+			copyTrail.DeadLetteredAt = time.Time{}
+		}
 		trail = copyTrail.Headers()
 		// The copy is written down before it exists: after a crash the
 		// journal says it may exist, and it is published again.
