@@ -81,7 +81,13 @@ func (l *Letter) fill(at time.Time, m *broker.Message) {
 	if t, err := time.Parse(broker.TimeLayout, h[broker.HeaderFirstFailureAt]); err == nil {
 		l.FirstFailureAt = t
 	}
+	// at is the log's time for the entry; an AMQP 0.9.1 reader of a RabbitMQ
+	// stream gets none, only the timestamp property the copy kept from the
+	// original. The engine writes when it made the copy in a header.
 	l.DeadLetteredAt = at.UTC()
+	if t, err := time.Parse(time.RFC3339Nano, h[broker.HeaderDeadLetteredAt]); err == nil {
+		l.DeadLetteredAt = t.UTC()
+	}
 	l.ContentType = m.ContentType
 	l.Key = m.Key
 	l.BodySize = len(m.Body)
