@@ -29,28 +29,43 @@ func (f *adminFlags) add(cmd *cobra.Command) {
 	cmd.Flags().DurationVar(&f.timeout, "timeout", 10*time.Second, "how long to wait for the answer")
 }
 
-// call dials the admin API and runs fn with a client; the connection is
-// plain h2c, as the admin listener serves it.
+// call dials the admin API and runs fn with a client, bounded by --timeout.
 func (f *adminFlags) call(ctx context.Context, fn func(context.Context, adminv1.AdminClient) (proto.Message, error)) (proto.Message, error) {
-	if f.output != "text" && f.output != "json" {
-		return nil, &exitError{code: exitConfig, err: fmt.Errorf("--output: want text or json, got %q", f.output)}
+	c, done, err := f.client()
+	if err != nil {
+		return nil, err
 	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	defer done()
+	ctx, cancel := context.WithTimeout(ctx, f.timeout)
+	defer cancel()
+	return fn(ctx, c)
+}
+
+// maxAnswer bounds an answer the CLI takes: a dead letter's body (1 MiB at
+// most) with its history, whose approvals may each carry a repaired body.
+const maxAnswer = 32 << 20
+
+// client dials the admin API; done closes the connection. The connection
+// is plain h2c, as the admin listener serves it. Each call bounds its own
+// wait (--timeout).
+func (f *adminFlags) client() (c adminv1.AdminClient, done func(), err error) {
+	if f.output != "text" && f.output != "json" {
+		return nil, nil, &exitError{code: exitConfig, err: fmt.Errorf("--output: want text or json, got %q", f.output)}
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxAnswer))}
 	if f.tokenFile != "" {
 		tok, err := admin.ReadToken(f.tokenFile)
 		if err != nil {
-			return nil, &exitError{code: exitConfig, err: fmt.Errorf("--token-file: %w", err)}
+			return nil, nil, &exitError{code: exitConfig, err: fmt.Errorf("--token-file: %w", err)}
 		}
 		opts = append(opts, grpc.WithPerRPCCredentials(bearer(tok)))
 	}
 	conn, err := grpc.NewClient("passthrough:///"+f.addr, opts...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(ctx, f.timeout)
-	defer cancel()
-	return fn(ctx, adminv1.NewAdminClient(conn))
+	return adminv1.NewAdminClient(conn), func() { _ = conn.Close() }, nil
 }
 
 // bearer sends the token with every call. The admin listener has no TLS:

@@ -59,7 +59,7 @@ func rootCmd() *cobra.Command {
 	}
 	root.PersistentFlags().String("log-level", "info", "debug, info, warn or error")
 	root.PersistentFlags().String("log-format", "text", "text or json")
-	root.AddCommand(runCmd(), validateCmd(), journalCmd(), devCmd(), statusCmd(), eventsCmd())
+	root.AddCommand(runCmd(), validateCmd(), journalCmd(), devCmd(), statusCmd(), eventsCmd(), dlqCmd(), replayCmd())
 	return root
 }
 

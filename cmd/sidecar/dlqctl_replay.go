@@ -1,0 +1,372 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	adminv1 "handoff.dev/handoff/api/admin/v1"
+	"handoff.dev/handoff/internal/deadletter"
+)
+
+// followEvery is how often --follow asks for a replay's progress.
+var followEvery = 500 * time.Millisecond
+
+func replayCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "replay",
+		Short: "Start, follow, list and cancel replays of a running sidecar's dead letters",
+	}
+	cmd.AddCommand(replayStartCmd(), replayStatusCmd(), replayListCmd(), replayCancelCmd())
+	return refuseBadFlags(cmd)
+}
+
+func replayStartCmd() *cobra.Command {
+	var (
+		f                   adminFlags
+		sel                 dlqSelection
+		rate, ratio         float64
+		batch, sample       int
+		sampleTimeout       time.Duration
+		force, dryRun, foll bool
+		why, operator       string
+	)
+	cmd := &cobra.Command{
+		Use: "start [ID...] [--source S --reason R --since T --until T --state S] [--rate N] [--batch-size N] [--sample N] " +
+			"[--stop-failure-ratio X] [--force] [--dry-run] [--why W] [--follow]",
+		Short: "Replay dead letters to their source: by id, or a selection (approved ones unless --force)",
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			switch {
+			case len(ids) > 0 && sel.set():
+				return usageError("name dead letters by id, or select them with --source and the rest: not both")
+			case len(ids) == 0 && sel.source == "":
+				return usageError("name dead letters by id, or select them with --source")
+			case rate < 0 || batch < 0 || sample < 0 || sampleTimeout < 0:
+				return usageError("--rate, --batch-size, --sample and --sample-timeout: want 0 (the default) or more")
+			case ratio < 0 || ratio > 1:
+				return usageError("--stop-failure-ratio: want a share from 0 to 1, got %v", ratio)
+			}
+			since, until, err := sel.times(time.Now())
+			if err != nil {
+				return err
+			}
+			req := &adminv1.CreateReplayRequest{Ids: ids, Source: sel.source, Reason: sel.reason, Since: since, Until: until, States: sel.states,
+				Force: force, RatePerSecond: rate, BatchSize: int32(batch), Sample: int32(sample), StopFailureRatio: ratio,
+				DryRun: dryRun, Why: why, Operator: operator}
+			if sampleTimeout > 0 {
+				req.SampleTimeout = durationpb.New(sampleTimeout)
+			}
+			c, done, err := f.client()
+			if err != nil {
+				return err
+			}
+			defer done()
+			ctx, cancel := context.WithTimeout(cmd.Context(), f.timeout)
+			r, err := c.CreateReplay(ctx, req)
+			cancel()
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if r.GetDryRun() || !foll {
+				if f.output == "json" {
+					return writeJSON(out, r)
+				}
+				writeStarted(out, r)
+				return nil
+			}
+			if f.output == "text" {
+				writeStarted(out, r)
+			}
+			return followAndReport(cmd, &f, c, r.GetId())
+		},
+	}
+	sel.add(cmd)
+	cmd.Flags().Float64Var(&rate, "rate", 0, "messages published per second (0: the sidecar's default, 10)")
+	cmd.Flags().IntVar(&batch, "batch-size", 0, "published between two checks of the stop threshold and the app's pressure (0: 10)")
+	cmd.Flags().IntVar(&sample, "sample", 0, "publish this many first, then wait for their outcomes before going on")
+	cmd.Flags().DurationVar(&sampleTimeout, "sample-timeout", 0, "how long to wait for the sample's outcomes (0: 5m)")
+	cmd.Flags().Float64Var(&ratio, "stop-failure-ratio", 0, "stop when more than this share of the replayed copies fail (0: 0.5; 1 never stops)")
+	cmd.Flags().BoolVar(&force, "force", false, "replay pending dead letters too, approving them on the way")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "say what would be replayed, and start nothing")
+	cmd.Flags().StringVar(&why, "why", "", "why: recorded with the replay")
+	cmd.Flags().StringVar(&operator, "operator", os.Getenv("USER"), "who is acting, recorded after the token's name")
+	cmd.Flags().BoolVar(&foll, "follow", false, "show the replay's progress until it ends")
+	f.add(cmd)
+	return cmd
+}
+
+// writeStarted says what a start did, or with a dry run would do.
+func writeStarted(w io.Writer, r *adminv1.Replay) {
+	if r.GetDryRun() {
+		fmt.Fprintf(w, "dry run: would replay %d dead letters of %s\n", len(r.GetIds()), shown(r.GetSource()))
+		for _, id := range r.GetIds() {
+			fmt.Fprintf(w, "  %s\n", shown(id))
+		}
+		return
+	}
+	fmt.Fprintf(w, "replay %s started: %d dead letters of %s, %s\n", shown(r.GetId()), r.GetProgress().GetSelected(), shown(r.GetSource()), replaySettings(r))
+}
+
+// replaySettings are a replay's rate, batch, sample and stop threshold.
+func replaySettings(r *adminv1.Replay) string {
+	s := fmt.Sprintf("%g/s in batches of %d", r.GetRatePerSecond(), r.GetBatchSize())
+	if r.GetSample() > 0 {
+		s += fmt.Sprintf(", a sample of %d first", r.GetSample())
+	}
+	s += fmt.Sprintf(", stop past %g%% failures", r.GetStopFailureRatio()*100)
+	if r.GetForce() {
+		s += ", forced"
+	}
+	return s
+}
+
+// followAndReport follows a replay to its end, then prints it: a summary,
+// or the final Replay as JSON.
+func followAndReport(cmd *cobra.Command, f *adminFlags, c adminv1.AdminClient, id string) error {
+	r, err := followReplay(cmd.Context(), c, f.timeout, id, cmd.ErrOrStderr())
+	if err != nil {
+		return err
+	}
+	if f.output == "json" {
+		return writeJSON(cmd.OutOrStdout(), r)
+	}
+	writeSummary(cmd.OutOrStdout(), r)
+	return nil
+}
+
+// followReplay asks for a replay's progress every followEvery, drawing it on
+// bar (stderr), until the replay ends; it returns the replay as it ended.
+// Cancelling ctx stops following, not the replay.
+func followReplay(ctx context.Context, c adminv1.AdminClient, timeout time.Duration, id string, bar io.Writer) (*adminv1.Replay, error) {
+	var pb *progressbar.ProgressBar
+	defer func() {
+		if pb != nil {
+			_ = pb.Exit()
+			fmt.Fprintln(bar)
+		}
+	}()
+	tick := time.NewTicker(followEvery)
+	defer tick.Stop()
+	for {
+		actx, cancel := context.WithTimeout(ctx, timeout)
+		r, err := c.GetReplay(actx, &adminv1.GetReplayRequest{Id: id})
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		p := r.GetProgress()
+		if pb == nil && p.GetSelected() > 0 {
+			pb = progressbar.NewOptions64(p.GetSelected(),
+				progressbar.OptionSetWriter(bar),
+				progressbar.OptionSetWidth(30),
+				progressbar.OptionShowCount(),
+				progressbar.OptionSetPredictTime(false), // the sidecar's ETA, at the run's rate, is shown instead
+				progressbar.OptionSetDescription("replay "+shown(id)),
+			)
+		}
+		if pb != nil {
+			pb.Describe(progressLine(r))
+			_ = pb.Set64(p.GetPublished())
+		}
+		if r.GetState() != string(deadletter.RunRunning) {
+			return r, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("stopped following replay %s, which goes on (sidecar replay status %s --follow): %w", id, id, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// progressLine is the bar's description: the replay, its rate and ETA, or
+// why it is paused.
+func progressLine(r *adminv1.Replay) string {
+	p := r.GetProgress()
+	s := fmt.Sprintf("replay %s %.1f/s", shown(r.GetId()), p.GetRate())
+	if r.GetPaused() {
+		return s + ", paused: " + shown(r.GetDetail())
+	}
+	if p.GetEta() != nil && p.GetRemaining() > 0 {
+		s += ", ETA " + p.GetEta().AsDuration().Round(time.Second).String()
+	}
+	return s
+}
+
+// writeSummary is the last word on a replay: its state, why, and what
+// became of its dead letters.
+func writeSummary(w io.Writer, r *adminv1.Replay) {
+	fmt.Fprintf(w, "replay %s %s", shown(r.GetId()), r.GetState())
+	if r.GetDetail() != "" {
+		fmt.Fprintf(w, ": %s", shown(r.GetDetail()))
+	}
+	fmt.Fprintln(w)
+	p := r.GetProgress()
+	fmt.Fprintf(w, "  published %d of %d, handled %d, failed %d, skipped %d", p.GetPublished(), p.GetSelected(), p.GetHandled(), p.GetFailed(), p.GetSkipped())
+	if p.GetRemaining() > 0 {
+		fmt.Fprintf(w, ", remaining %d", p.GetRemaining())
+	}
+	fmt.Fprintln(w)
+}
+
+// writeReplay prints a replay for a reader.
+func writeReplay(w io.Writer, r *adminv1.Replay) {
+	field := func(name, v string) {
+		if v != "" {
+			fmt.Fprintf(w, "%-10s%s\n", name, v)
+		}
+	}
+	field("replay", shown(r.GetId()))
+	field("source", shown(r.GetSource()))
+	state := r.GetState()
+	if r.GetPaused() {
+		state += ", paused"
+	}
+	if r.GetDetail() != "" {
+		state += ": " + shown(r.GetDetail())
+	}
+	field("state", state)
+	created := tableTime(r.GetCreatedAt()) + " by " + shown(r.GetCreatedBy())
+	if r.GetWhy() != "" {
+		created += ": " + shown(r.GetWhy())
+	}
+	field("created", created)
+	if r.GetEndedAt() != nil {
+		field("ended", tableTime(r.GetEndedAt()))
+	}
+	if r.GetRunner() != "" {
+		field("runner", shown(r.GetRunner())+", last heartbeat "+tableTime(r.GetHeartbeatAt()))
+	}
+	field("settings", replaySettings(r))
+	p := r.GetProgress()
+	prog := fmt.Sprintf("published %d of %d, handled %d, failed %d, skipped %d, remaining %d",
+		p.GetPublished(), p.GetSelected(), p.GetHandled(), p.GetFailed(), p.GetSkipped(), p.GetRemaining())
+	if p.GetRate() > 0 {
+		prog += fmt.Sprintf(", %.1f/s", p.GetRate())
+	}
+	if p.GetEta() != nil && p.GetRemaining() > 0 {
+		prog += ", ETA " + p.GetEta().AsDuration().Round(time.Second).String()
+	}
+	field("progress", prog)
+}
+
+func replayStatusCmd() *cobra.Command {
+	var (
+		f    adminFlags
+		foll bool
+	)
+	cmd := &cobra.Command{
+		Use:   "status ID [--follow]",
+		Short: "Show a replay's state and progress",
+		Args:  usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if foll {
+				c, done, err := f.client()
+				if err != nil {
+					return err
+				}
+				defer done()
+				return followAndReport(cmd, &f, c, args[0])
+			}
+			m, err := f.call(cmd.Context(), func(ctx context.Context, c adminv1.AdminClient) (proto.Message, error) {
+				return c.GetReplay(ctx, &adminv1.GetReplayRequest{Id: args[0]})
+			})
+			if err != nil {
+				return err
+			}
+			if f.output == "json" {
+				return writeJSON(cmd.OutOrStdout(), m)
+			}
+			writeReplay(cmd.OutOrStdout(), m.(*adminv1.Replay))
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&foll, "follow", false, "show the replay's progress until it ends")
+	f.add(cmd)
+	return cmd
+}
+
+func replayListCmd() *cobra.Command {
+	var (
+		f      adminFlags
+		source string
+	)
+	cmd := &cobra.Command{
+		Use:   "list [--source S]",
+		Short: "List the replays the ledgers hold, newest first",
+		Args:  usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			m, err := f.call(cmd.Context(), func(ctx context.Context, c adminv1.AdminClient) (proto.Message, error) {
+				return c.ListReplays(ctx, &adminv1.ListReplaysRequest{Source: source})
+			})
+			if err != nil {
+				return err
+			}
+			if f.output == "json" {
+				return writeJSON(cmd.OutOrStdout(), m)
+			}
+			writeReplays(cmd.OutOrStdout(), m.(*adminv1.ListReplaysResponse))
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&source, "source", "", "only this source's replays")
+	f.add(cmd)
+	return cmd
+}
+
+func writeReplays(w io.Writer, l *adminv1.ListReplaysResponse) {
+	if len(l.GetReplays()) == 0 {
+		fmt.Fprintln(w, "no replays")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSOURCE\tSTATE\tCREATED\tBY\tPUBLISHED\tHANDLED\tFAILED\tSKIPPED")
+	for _, r := range l.GetReplays() {
+		p := r.GetProgress()
+		state := r.GetState()
+		if r.GetPaused() {
+			state += " (paused)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d/%d\t%d\t%d\t%d\n", shown(r.GetId()), shown(r.GetSource()), state, tableTime(r.GetCreatedAt()),
+			shown(r.GetCreatedBy()), p.GetPublished(), p.GetSelected(), p.GetHandled(), p.GetFailed(), p.GetSkipped())
+	}
+	_ = tw.Flush()
+}
+
+func replayCancelCmd() *cobra.Command {
+	var (
+		f                adminFlags
+		reason, operator string
+	)
+	cmd := &cobra.Command{
+		Use:   "cancel ID [--reason R]",
+		Short: "Stop a replay; what it published stays published",
+		Args:  usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, err := f.call(cmd.Context(), func(ctx context.Context, c adminv1.AdminClient) (proto.Message, error) {
+				return c.CancelReplay(ctx, &adminv1.CancelReplayRequest{Id: args[0], Reason: reason, Operator: operator})
+			})
+			if err != nil {
+				return err
+			}
+			if f.output == "json" {
+				return writeJSON(cmd.OutOrStdout(), m)
+			}
+			writeSummary(cmd.OutOrStdout(), m.(*adminv1.Replay))
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why: recorded in the ledger")
+	cmd.Flags().StringVar(&operator, "operator", os.Getenv("USER"), "who is acting, recorded after the token's name")
+	f.add(cmd)
+	return cmd
+}
