@@ -256,7 +256,7 @@ func TestDeadLettersREST(t *testing.T) {
 		t.Errorf("the internal failure is not logged:\n%s", logs)
 	}
 	reqs := d.Requests()
-	if len(reqs) != 3 || reqs[0].Who != "ops/carol" || reqs[0].Why != "fixed" || reqs[0].SampleTimeout != deadletter.DefaultSampleTimeout ||
+	if len(reqs) != 3 || reqs[0].Who != "ops/carol" || reqs[0].Why != "fixed" || reqs[0].SampleTimeout != 0 ||
 		len(reqs[0].IDs) != 1 || reqs[0].IDs[0] != kafkaID || !reqs[1].DryRun || reqs[1].Filter.Source != "billing" {
 		t.Errorf("replay requests %+v", reqs)
 	}
@@ -515,8 +515,7 @@ func TestWho(t *testing.T) {
 	}
 }
 
-// A request's defaults: zero stays zero where the Manager defaults it; the
-// sample's timeout is set here.
+// A request's defaults: zero stays zero, for the Manager to default.
 func TestReplayRequest(t *testing.T) {
 	tests := []struct {
 		name string
@@ -525,7 +524,7 @@ func TestReplayRequest(t *testing.T) {
 		want deadletter.ReplayRequest
 	}{
 		{"defaults", &adminv1.CreateReplayRequest{Source: "orders"}, true,
-			deadletter.ReplayRequest{Filter: deadletter.Filter{Source: "orders"}, SampleTimeout: deadletter.DefaultSampleTimeout}},
+			deadletter.ReplayRequest{Filter: deadletter.Filter{Source: "orders"}}},
 		{"everything", &adminv1.CreateReplayRequest{Source: "orders", Reason: "max-attempts", States: []string{"approved", "pending"},
 			Since: timestamppb.New(t0), Until: timestamppb.New(t0.Add(time.Hour)), Force: true, RatePerSecond: 2.5, BatchSize: 7, Sample: 3,
 			StopFailureRatio: 1, DryRun: true, Why: "w", SampleTimeout: durationpb.New(time.Second)}, true,
@@ -533,7 +532,7 @@ func TestReplayRequest(t *testing.T) {
 				Since: t0, Until: t0.Add(time.Hour)}, Force: true, Rate: 2.5, BatchSize: 7, Sample: 3, SampleTimeout: time.Second,
 				StopFailureRatio: 1, DryRun: true, Why: "w"}},
 		{"ids", &adminv1.CreateReplayRequest{Ids: []string{kafkaStr, "orders.dlq/3"}}, true,
-			deadletter.ReplayRequest{IDs: []deadletter.ID{kafkaID, rabbitA}, SampleTimeout: deadletter.DefaultSampleTimeout}},
+			deadletter.ReplayRequest{IDs: []deadletter.ID{kafkaID, rabbitA}}},
 		{"a bad id", &adminv1.CreateReplayRequest{Ids: []string{"x"}}, false, deadletter.ReplayRequest{}},
 		{"ids and states", &adminv1.CreateReplayRequest{Ids: []string{kafkaStr}, States: []string{"approved"}}, false, deadletter.ReplayRequest{}},
 		{"a negative rate", &adminv1.CreateReplayRequest{Source: "o", RatePerSecond: -1}, false, deadletter.ReplayRequest{}},

@@ -33,9 +33,9 @@ func (s *service) CreateReplay(ctx context.Context, req *adminv1.CreateReplayReq
 	return runProto(&run, true), nil
 }
 
-// replayRequest reads a CreateReplayRequest. The defaults the Manager
-// applies to a zero (rate, batch size, stop ratio, the approved state) are
-// left to it; the sample's timeout it takes as given.
+// replayRequest reads a CreateReplayRequest. A zero is left for the
+// Manager to default (rate, batch size, stop ratio, the sample's timeout,
+// the approved state), as the proto's comments say it does.
 func replayRequest(req *adminv1.CreateReplayRequest) (deadletter.ReplayRequest, error) {
 	bad := func(format string, a ...any) (deadletter.ReplayRequest, error) {
 		return deadletter.ReplayRequest{}, grpcstatus.Errorf(codes.InvalidArgument, format, a...)
@@ -45,7 +45,6 @@ func replayRequest(req *adminv1.CreateReplayRequest) (deadletter.ReplayRequest, 
 		Rate:             req.GetRatePerSecond(),
 		BatchSize:        int(req.GetBatchSize()),
 		Sample:           int(req.GetSample()),
-		SampleTimeout:    deadletter.DefaultSampleTimeout,
 		StopFailureRatio: req.GetStopFailureRatio(),
 		DryRun:           req.GetDryRun(),
 		Why:              req.GetWhy(),
@@ -95,9 +94,7 @@ func replayRequest(req *adminv1.CreateReplayRequest) (deadletter.ReplayRequest, 
 		if err := t.CheckValid(); err != nil || t.AsDuration() < 0 {
 			return bad("sample_timeout: want a duration of 0 or more")
 		}
-		if d := t.AsDuration(); d > 0 {
-			r.SampleTimeout = d
-		}
+		r.SampleTimeout = t.AsDuration()
 	}
 	if err := why("why", r.Why, false); err != nil {
 		return r, err

@@ -264,6 +264,9 @@ func (d *DeadLetters) CreateReplay(_ context.Context, r deadletter.ReplayRequest
 	if spec.StopFailureRatio == 0 {
 		spec.StopFailureRatio = deadletter.DefaultStopFailureRatio
 	}
+	if spec.Sample > 0 && spec.SampleTimeout == 0 {
+		spec.SampleTimeout = deadletter.DefaultSampleTimeout
+	}
 	run := deadletter.Run{ID: fmt.Sprintf("r%d", len(d.runs)+1), Source: source, State: deadletter.RunRunning,
 		CreatedBy: r.Who, CreatedAt: d.now().UTC(), Why: r.Why, Spec: spec, DryRun: r.DryRun, Runner: "replica-1",
 		Progress: deadletter.Progress{Selected: len(ids), Remaining: len(ids)}}
