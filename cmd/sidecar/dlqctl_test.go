@@ -247,14 +247,16 @@ func TestReplayStartFollow(t *testing.T) {
 	t.Cleanup(func() { followEvery = 500 * time.Millisecond })
 	addr, tok, d := dlqServer(t)
 	conn := []string{"--admin", addr, "--token-file", tok}
+	d.Add(deadletter.Letter{ID: deadletter.ID{Log: "orders.dlq", Partition: deadletter.NoPartition, Offset: 5}, Source: "orders",
+		State: deadletter.Approved, DeadLetteredAt: dlqT0.Add(2 * time.Minute)}, []byte("{}"))
 
 	// A dry run names what it would replay, and starts nothing.
-	out, _, err := dlqRun(t, append([]string{"replay", "start", "--source", "orders", "--state", "pending,terminated", "--dry-run"}, conn...)...)
-	if err != nil || out != "dry run: would replay 2 dead letters of orders\n  orders.dlq/3\n  orders.dlq/4\n" {
+	out, _, err := dlqRun(t, append([]string{"replay", "start", "--source", "orders", "--state", "pending,approved", "--force", "--dry-run"}, conn...)...)
+	if err != nil || out != "dry run: would replay 2 dead letters of orders\n  orders.dlq/3\n  orders.dlq/5\n" {
 		t.Errorf("replay start --dry-run: %v\n%s", err, out)
 	}
 
-	out, errOut, err := dlqRun(t, append([]string{"replay", "start", "orders.dlq/3", "orders.dlq/4", "--force",
+	out, errOut, err := dlqRun(t, append([]string{"replay", "start", "orders.dlq/3", "orders.dlq/5", "--force",
 		"--rate", "2", "--why", "upstream fixed", "--operator", "cy", "--follow"}, conn...)...)
 	if err != nil {
 		t.Fatalf("replay start --follow: %v\n%s", err, errOut)

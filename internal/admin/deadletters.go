@@ -132,7 +132,7 @@ func (s *service) fail(op string, err error) error {
 		return grpcstatus.Error(codes.Aborted, err.Error())
 	case errors.Is(err, deadletter.ErrNotFound), errors.Is(err, deadletter.ErrNoSource), errors.Is(err, deadletter.ErrNoRun):
 		return grpcstatus.Error(codes.NotFound, err.Error())
-	case errors.Is(err, deadletter.ErrBadID):
+	case errors.Is(err, deadletter.ErrBadID), errors.Is(err, deadletter.ErrBadRequest):
 		return grpcstatus.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return grpcstatus.FromContextError(err).Err()

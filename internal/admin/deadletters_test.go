@@ -191,6 +191,8 @@ func TestDeadLettersREST(t *testing.T) {
 		{name: "show a bad id", method: "GET", path: "/v1/deadletters/orders/x", code: 400, has: []string{"not a dead-letter id"}},
 		{name: "show a negative body limit", method: "GET", path: "/v1/deadletters/orders.dlq/3?bodyLimit=-1", code: 400},
 
+		{name: "replay a pending one unforced", method: "POST", path: "/v1/replays", body: `{"ids":["orders.billing.dlq/0/17"]}`, code: 400,
+			has: []string{"approve it first"}},
 		{name: "approve without a reason", method: "POST", path: "/v1/deadletters/" + kafkaStr + ":approve", body: `{}`, code: 400, has: []string{"reason is required"}},
 		{name: "approve, a blank reason", method: "POST", path: "/v1/deadletters/" + kafkaStr + ":approve", body: `{"reason":"  "}`, code: 400},
 		{name: "approve, a note without a repair", method: "POST", path: "/v1/deadletters/" + kafkaStr + ":approve", body: `{"reason":"r","repairNote":"n"}`, code: 400},
@@ -213,6 +215,8 @@ func TestDeadLettersREST(t *testing.T) {
 			has: []string{`"id":"r1"`, `"state":"running"`, `"createdBy":"ops/carol"`, `"ids":["orders.billing.dlq/0/17"]`, `"ratePerSecond":10`, `"selected":"1"`}},
 		{name: "replay, a dry run", method: "POST", path: "/v1/replays", body: `{"source":"billing","dryRun":true}`, code: 200,
 			has: []string{`"dryRun":true`, `"ids":["orders.billing.dlq/0/17"]`}, hasNot: []string{`"id":"r`}},
+		{name: "replay ids of two sources", method: "POST", path: "/v1/replays", body: `{"ids":["orders.billing.dlq/0/17","orders.dlq/3"],"force":true}`, code: 400,
+			has: []string{"different sources"}},
 		{name: "replay, ids and a source", method: "POST", path: "/v1/replays", body: `{"ids":["orders.dlq/3"],"source":"orders"}`, code: 400},
 		{name: "replay, neither", method: "POST", path: "/v1/replays", body: `{}`, code: 400},
 		{name: "replay, a bad ratio", method: "POST", path: "/v1/replays", body: `{"source":"orders","stopFailureRatio":2}`, code: 400},
@@ -256,8 +260,8 @@ func TestDeadLettersREST(t *testing.T) {
 		t.Errorf("the internal failure is not logged:\n%s", logs)
 	}
 	reqs := d.Requests()
-	if len(reqs) != 3 || reqs[0].Who != "ops/carol" || reqs[0].Why != "fixed" || reqs[0].SampleTimeout != 0 ||
-		len(reqs[0].IDs) != 1 || reqs[0].IDs[0] != kafkaID || !reqs[1].DryRun || reqs[1].Filter.Source != "billing" {
+	if len(reqs) != 5 || reqs[1].Who != "ops/carol" || reqs[1].Why != "fixed" || reqs[1].SampleTimeout != 0 ||
+		len(reqs[1].IDs) != 1 || reqs[1].IDs[0] != kafkaID || !reqs[2].DryRun || reqs[2].Filter.Source != "billing" {
 		t.Errorf("replay requests %+v", reqs)
 	}
 }

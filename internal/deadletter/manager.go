@@ -61,9 +61,6 @@ type Manager struct {
 	log *slog.Logger
 	now func() time.Time
 
-	// handled queues the outcomes of replayed copies to record.
-	handled chan handled
-
 	mu      sync.Mutex
 	ctx     context.Context    // Run's, once it runs: runners live in it
 	running map[string]*runner // replay id → the run this replica drives
@@ -86,7 +83,7 @@ func NewManager(o ManagerOptions) *Manager {
 	if o.Pressure == nil {
 		o.Pressure = func() string { return "" }
 	}
-	return &Manager{o: o, log: o.Logger, now: o.Now, handled: make(chan handled, 4096), running: map[string]*runner{}}
+	return &Manager{o: o, log: o.Logger, now: o.Now, running: map[string]*runner{}}
 }
 
 // ErrNoSource is returned for a source the manager does not keep.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	"handoff.dev/handoff/internal/broker"
@@ -340,18 +339,21 @@ func (m *Manager) claim(ctx context.Context, src *ManagedSource, id string) erro
 	return nil
 }
 
+// recordBound bounds how long recording a handled replayed copy's outcome
+// holds its ack.
+const recordBound = 10 * time.Second
+
 // Handled is told by the engine that the app handled a replayed copy: one
 // whose trail names the dead letter it replays (broker.Trail.ReplayOf) and
-// its replay id. It queues the Complete record, appended in the background:
-// it never blocks the hand-off. A copy handled while the queue is full is
-// logged and left Replaying.
-func (m *Manager) Handled(source string, t broker.Trail) {
-	select {
-	case m.handled <- handled{source: source, trail: t}:
-	default:
-		m.log.Warn("replayed copy handled, but too many outcomes wait to be recorded: it stays replaying",
-			"source", source, "event_id", t.EventID, "replay", t.ReplayID, "dead_letter", t.ReplayOf)
-	}
+// its replay id. It records Complete in the ledger before it returns, and
+// the engine acks the copy after: a crash in between leaves a redelivery,
+// which the engine settles as handled and reports again. It returns within
+// recordBound, even while the sidecar stops; a failure is logged and the
+// letter stays replaying.
+func (m *Manager) Handled(ctx context.Context, source string, t broker.Trail) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordBound)
+	defer cancel()
+	m.recordHandled(ctx, handled{source: source, trail: t})
 }
 
 type handled struct {
@@ -398,41 +400,11 @@ func (m *Manager) recordHandled(ctx context.Context, h handled) {
 			return
 		}
 		m.log.Warn("recording a replayed copy's outcome failed; trying again", "dead_letter", id.String(), "err", err)
-		if !sleep(ctx, min(time.Duration(try+1)*m.o.Poll, 30*time.Second)) {
+		if !sleep(ctx, min(time.Duration(try+1)*m.o.Poll, time.Second)) {
+			m.log.Warn("a replayed copy's outcome is not recorded: its dead letter stays replaying",
+				"dead_letter", id.String(), "replay", h.trail.ReplayID)
 			return
 		}
-	}
-}
-
-// drainOutcomes bounds how long outcomes still queued when the manager
-// stops are recorded: the engine has settled their copies, and a copy
-// whose outcome is not recorded leaves its dead letter replaying.
-const drainOutcomes = 5 * time.Second
-
-// recordOutcomes records the queued outcomes until ctx ends, then those
-// still queued, for at most drainOutcomes.
-func (m *Manager) recordOutcomes(ctx context.Context) {
-	for {
-		select {
-		case h := <-m.handled:
-			m.recordHandled(ctx, h)
-			continue
-		case <-ctx.Done():
-		}
-		break
-	}
-	drain, cancel := context.WithTimeout(context.WithoutCancel(ctx), drainOutcomes)
-	defer cancel()
-	for drain.Err() == nil {
-		select {
-		case h := <-m.handled:
-			m.recordHandled(drain, h)
-		default:
-			return
-		}
-	}
-	if n := len(m.handled); n > 0 {
-		m.log.Warn("stopping with replayed copies' outcomes unrecorded: their dead letters stay replaying", "count", n)
 	}
 }
 
@@ -448,18 +420,15 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// Run keeps the index caught up with every source's logs, records the
-// outcomes of handled replayed copies, and drives the replay runs this
-// replica holds or takes over, until ctx ends. It returns nil then, or the
-// first error of the first catch-up (a broker unreachable at start is
-// retried, not returned).
+// Run keeps the index caught up with every source's logs and drives the
+// replay runs this replica holds or takes over, until ctx ends; it returns
+// nil then, once its runners stopped. A catch-up that
+// fails (a broker unreachable) is logged and tried again.
 func (m *Manager) Run(ctx context.Context) error {
 	m.mu.Lock()
 	m.ctx = ctx
 	m.mu.Unlock()
-	var wg sync.WaitGroup
 	defer func() {
-		wg.Wait()
 		m.mu.Lock()
 		rs := make([]*runner, 0, len(m.running))
 		for _, r := range m.running {
@@ -469,11 +438,6 @@ func (m *Manager) Run(ctx context.Context) error {
 		for _, r := range rs {
 			<-r.done
 		}
-	}()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		m.recordOutcomes(ctx)
 	}()
 	counted := map[string]Counts{}
 	for {

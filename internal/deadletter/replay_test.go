@@ -101,7 +101,7 @@ func (f *replayFixture) manager(t *testing.T, name string, x *Index, pressure fu
 	// The app's outcomes go to the replica started last, as the engine of
 	// the replica consuming the source reports them.
 	f.app.mu.Lock()
-	f.app.handled = func(tr broker.Trail) { m.Handled(f.src.Name, tr) }
+	f.app.handled = func(tr broker.Trail) { m.Handled(context.Background(), f.src.Name, tr) }
 	f.app.mu.Unlock()
 	if _, err := x.CatchUp(ctx, f.src); err != nil {
 		t.Fatal(err)
@@ -330,6 +330,11 @@ func TestReplayPausesUnderPressureAndCancels(t *testing.T) {
 	pressure = ""
 	mu.Unlock()
 	run = waitRun(t, m, run.ID)
+	// The fifth copy's record may come after the cancel's.
+	for deadline := time.Now().Add(5 * time.Second); run.Progress.Published < 5 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+		run, _ = m.Replay(run.ID)
+	}
 	if run.State != RunCancelled || run.Progress.Published != 5 || run.Detail != "cancelled by bob: enough" {
 		t.Fatalf("run %+v", run)
 	}

@@ -42,15 +42,14 @@ type Options struct {
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Replayed, when set, is told that the app handled a replayed copy (its
-	// trail names the dead letter it replays, Trail.ReplayOf) and that its
-	// delivery is settled: after the ack of a Success or Drop, and again
-	// when a redelivery of it is settled because the app already handled
-	// it, so that a crash between the ack and the receiver's own record is
-	// made good by the redelivery. One copy may therefore be reported more
-	// than once. A copy moved to a retry tier or the dead-letter
-	// destination is not reported (its next hop is). It is called with the
-	// route's name on the hand-off's goroutine, and must not block.
-	Replayed func(route string, t broker.Trail)
+	// trail names the dead letter it replays, Trail.ReplayOf), before its
+	// delivery is acked: the receiver records the outcome, and a crash
+	// before the ack leaves a redelivery, which is settled as handled and
+	// reported again. One copy may therefore be reported more than once. A
+	// copy moved to a retry tier or the dead-letter destination is not
+	// reported (its next hop is). It is called on the hand-off's goroutine
+	// and the ack waits for it: it must return within its own bound.
+	Replayed func(ctx context.Context, route string, t broker.Trail)
 	// Fault, when set, is called at each crash window of a hand-off (see the
 	// Window constants); a non-nil error stops that hand-off right there, as
 	// a crash would, leaving the delivery unsettled. Tests use it.

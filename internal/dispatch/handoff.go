@@ -214,9 +214,8 @@ func (h *handoff) resume(ctx context.Context, st *journal.State) bool {
 	case st.Hop == hop && st.Handled():
 		// Reported again: the first report may have been lost with the
 		// process, between the ack and its record.
-		if h.settleDuplicate("the app already handled it") {
-			h.reportReplayed()
-		}
+		h.reportReplayed(ctx)
+		h.settleDuplicate("the app already handled it")
 	case st.Hop == hop && st.HopAttempt > 0 && budget.Outcome(st.HopOutcome) == budget.Unreachable:
 		// The app never took that call: no attempt was made.
 		return false
@@ -473,9 +472,8 @@ func (h *handoff) decide(ctx context.Context, attempt int, res handler.Result, r
 		if h.fault(WindowHandled) {
 			return time.Time{}, false
 		}
-		if h.settle("handled") {
-			h.reportReplayed()
-		}
+		h.reportReplayed(ctx)
+		h.settle("handled")
 	case budget.Delay:
 		t.NextDue = dec.Due
 		if h.r.InPlace {

@@ -1,6 +1,8 @@
 package dispatch
 
 import (
+	"context"
+
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/journal"
 )
@@ -38,9 +40,10 @@ func (h *handoff) readReplay() bool {
 }
 
 // reportReplayed tells Options.Replayed that the app handled this replayed
-// copy and its delivery is settled.
-func (h *handoff) reportReplayed() {
+// copy, before its ack: the outcome is recorded before the broker forgets
+// the copy.
+func (h *handoff) reportReplayed(ctx context.Context) {
 	if f := h.e.o.Replayed; f != nil && h.trail.ReplayOf != "" {
-		f(h.r.Name, h.trail)
+		f(ctx, h.r.Name, h.trail)
 	}
 }

@@ -1,7 +1,9 @@
 package dispatch
 
 import (
+	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -17,13 +19,20 @@ type reports struct {
 	mu     sync.Mutex
 	routes []string
 	trails []broker.Trail
+	// acked, when set, tells whether the delivery was acked already: a
+	// report must come before the ack.
+	acked    func() bool
+	lateAcks int
 }
 
-func (p *reports) record(route string, t broker.Trail) {
+func (p *reports) record(_ context.Context, route string, t broker.Trail) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.routes = append(p.routes, route)
 	p.trails = append(p.trails, t)
+	if p.acked != nil && p.acked() {
+		p.lateAcks++
+	}
 }
 
 func (p *reports) all() ([]string, []broker.Trail) {
@@ -92,6 +101,7 @@ func TestFirstEntryReadsAReplayedCopysIdentity(t *testing.T) {
 			r := newRig(t)
 			app := &recordingApp{}
 			var rep reports
+			rep.acked = func() bool { return slices.Contains(kinds(r.snapshot()), "ack") }
 			d := r.delivery("m-1")
 			d.msg.Headers = tt.headers
 			e := r.engineWith(app, func(o *Options) { o.Replayed = rep.record }, d)
@@ -121,6 +131,9 @@ func TestFirstEntryReadsAReplayedCopysIdentity(t *testing.T) {
 			}
 			if len(trails) != 1 || routes[0] != "fake" {
 				t.Fatalf("reported %v %+v; want the one replayed copy, on route fake", routes, trails)
+			}
+			if rep.lateAcks != 0 {
+				t.Errorf("reported after the ack: a crash in between would lose the outcome")
 			}
 			if got := trails[0]; got.EventID != "evt-1" || got.ReplayID != tt.replayID || got.ReplayOf != "orders.dlq/7" {
 				t.Errorf("reported trail %+v", got)

@@ -222,8 +222,9 @@ func (d *DeadLetters) Apply(_ context.Context, c deadletter.Change) (deadletter.
 }
 
 // CreateReplay implements admin.DeadLetters: it resolves the selection,
-// applies the Manager's defaults and, unless a dry run, keeps a running
-// run with the id "r<n>".
+// refuses what the Manager refuses (ids of two sources, one neither
+// approved nor forced), applies the Manager's defaults and, unless a dry run, keeps a
+// running run with the id "r<n>". A selection by state takes any state.
 func (d *DeadLetters) CreateReplay(_ context.Context, r deadletter.ReplayRequest) (deadletter.Run, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -233,8 +234,15 @@ func (d *DeadLetters) CreateReplay(_ context.Context, r deadletter.ReplayRequest
 	if len(r.IDs) > 0 {
 		for _, id := range r.IDs {
 			l, ok := d.letters[id]
-			if !ok {
+			switch {
+			case !ok:
 				return deadletter.Run{}, fmt.Errorf("%w: %s", deadletter.ErrNotFound, id)
+			case source != "" && l.Source != source:
+				return deadletter.Run{}, fmt.Errorf("%w: %s and %s are dead letters of different sources", deadletter.ErrBadRequest, r.IDs[0], id)
+			case l.State == deadletter.Pending && !r.Force:
+				return deadletter.Run{}, fmt.Errorf("%w: %s is pending: approve it first, or force the replay", deadletter.ErrIllegal, id)
+			case l.State != deadletter.Pending && l.State != deadletter.Approved:
+				return deadletter.Run{}, fmt.Errorf("%w: %s is %s: only approved dead letters are replayed", deadletter.ErrIllegal, id, l.State)
 			}
 			source = l.Source
 			ids = append(ids, id.String())
