@@ -62,10 +62,12 @@ func (x *Index) CatchUp(ctx context.Context, src Source) (Caught, error) {
 }
 
 // catchUpLedger reads src's ledger alone, up to the record holding nonce
-// when nonce is not empty.
+// when nonce is not empty. It does not wait for a CatchUp under way: that
+// one may be waiting out a quiet stream's end (see rabbitmq.ReadStream)
+// while a writer needs only its own record back. Two reads at once are
+// safe: each batch applies, in its own transaction, only the entries past
+// the offsets stored, so no record is applied twice.
 func (x *Index) catchUpLedger(ctx context.Context, src Source, nonce string) error {
-	x.catchUp.Lock()
-	defer x.catchUp.Unlock()
 	return x.readLedgerUntil(ctx, src, nonce, &Caught{})
 }
 

@@ -46,8 +46,9 @@ type Index struct {
 	db  *bolt.DB
 	log *slog.Logger
 	now func() time.Time
-	// catchUp serialises reads of the logs into the index: two at once
-	// would apply the same ledger records twice.
+	// catchUp serialises CatchUps: two at once would read the same logs
+	// for nothing. (What is applied is safe either way: each batch applies
+	// only entries past the offsets it finds stored.)
 	catchUp sync.Mutex
 }
 

@@ -109,7 +109,8 @@ func (r *runner) run(ctx context.Context) (RunState, string, error) {
 		return "", "", err
 	}
 	spec := run.Spec
-	lim := rate.NewLimiter(rate.Limit(spec.Rate), 1)
+	// A burst of two lets a publish delayed by a read catch up its slot.
+	lim := rate.NewLimiter(rate.Limit(spec.Rate), 2)
 	ids := make([]ID, len(spec.IDs))
 	for i, s := range spec.IDs {
 		if ids[i], err = ParseID(s); err != nil {
@@ -173,9 +174,39 @@ func (r *runner) current() (Run, error) {
 }
 
 // publish replays the letters of ids that the run may still publish, one
-// at a time at the limiter's rate, each recorded once confirmed.
+// at a time at the limiter's rate, each recorded once its publish is
+// confirmed. Their entries are read from the DLQ in one read before, and
+// the ledger is read back once after: the rate is kept by the publishes,
+// not by the reads around them.
 func (r *runner) publish(ctx context.Context, ids []ID, lim *rate.Limiter) error {
+	run, err := r.current()
+	if err != nil {
+		return err
+	}
+	var todo []Letter
+	var want []ID
 	for _, id := range ids {
+		l, err := r.m.o.Index.Get(id)
+		if errors.Is(err, ErrNotFound) {
+			continue // retention removed it before the index read it: skipped
+		}
+		if err != nil {
+			return err
+		}
+		if !runStep(&l, r.id).published && run.replayable(&l) {
+			todo = append(todo, l)
+			want = append(want, id)
+		}
+	}
+	if len(todo) == 0 {
+		return nil
+	}
+	msgs, err := Messages(ctx, r.src.Source, want)
+	if err != nil {
+		return err
+	}
+	var last string // the nonce of the last record appended
+	for _, l := range todo {
 		// Waited for first, so that a cancel that came meanwhile is seen.
 		if err := r.wait(ctx); err != nil {
 			return err
@@ -187,21 +218,23 @@ func (r *runner) publish(ctx context.Context, ids []ID, lim *rate.Limiter) error
 		if err != nil {
 			return err
 		}
-		l, err := r.m.o.Index.Get(id)
-		if errors.Is(err, ErrNotFound) {
-			continue // retention removed it before the index read it: skipped
+		msg := msgs[l.ID]
+		if msg == nil {
+			r.m.log.Warn("replay: the dead letter's entry is gone from its log; skipped", "replay", r.id, "id", l.ID.String())
+			continue
 		}
+		nonce, err := r.replayOne(ctx, &run, l, msg)
 		if err != nil {
 			return err
 		}
-		if runStep(&l, r.id).published || !run.replayable(&l) {
-			continue
-		}
-		if err := r.replayOne(ctx, &run, l); err != nil {
-			return err
+		if nonce != "" {
+			last = nonce
 		}
 	}
-	return nil
+	if last == "" {
+		return nil
+	}
+	return r.m.o.Index.catchUpLedger(ctx, r.src.Source, last)
 }
 
 // wait holds the run while the app is under pressure: fresh intake paused,
@@ -228,27 +261,20 @@ func (r *runner) wait(ctx context.Context) error {
 	}
 }
 
-// replayOne publishes one letter's copy and records its Replay.
-func (r *runner) replayOne(ctx context.Context, run *Run, l Letter) error {
+// replayOne publishes one letter's copy and appends its Replay record,
+// whose nonce it returns ("" when none was appended).
+func (r *runner) replayOne(ctx context.Context, run *Run, l Letter, msg *broker.Message) (string, error) {
 	if l.State == Pending {
 		// A forced run approves on the way, in the name of who forced it.
 		al, err := r.m.o.Index.Apply(ctx, r.src.Source, Change{ID: l.ID, Transition: Approve, Who: run.CreatedBy,
 			Why: "approved by the forced replay " + r.id})
 		if err != nil {
 			if errors.Is(err, ErrIllegal) || errors.Is(err, ErrLost) {
-				return nil // closed meanwhile: skipped
+				return "", nil // closed meanwhile: skipped
 			}
-			return err
+			return "", err
 		}
 		l = al
-	}
-	msg, err := Message(ctx, r.src.Source, l.ID)
-	if errors.Is(err, ErrNotFound) {
-		r.m.log.Warn("replay: the dead letter's entry is gone from its log; skipped", "replay", r.id, "id", l.ID.String())
-		return nil
-	}
-	if err != nil {
-		return err
 	}
 	copyMsg := *msg
 	if a := l.Approval(); a != nil && a.Repair != nil {
@@ -263,17 +289,22 @@ func (r *runner) replayOne(ctx context.Context, run *Run, l Letter) error {
 		broker.HeaderReplayOf: l.ID.String(),
 	}
 	if err := r.src.Republisher.Republish(ctx, &copyMsg, trail); err != nil {
-		return fmt.Errorf("republish %s: %w", l.ID, err)
+		return "", fmt.Errorf("republish %s: %w", l.ID, err)
 	}
-	_, err = r.m.o.Index.Apply(ctx, r.src.Source, Change{ID: l.ID, Transition: Replay, Who: r.m.o.Replica,
-		Why: "published to " + r.src.Name, ReplayID: r.id})
-	if err != nil && (errors.Is(err, ErrIllegal) || errors.Is(err, ErrLost)) {
-		// The copy's outcome was recorded first, or the letter was closed
-		// by hand while its copy was on its way: the ledger has the last word.
-		r.m.log.Info("replay published; its record was refused", "replay", r.id, "id", l.ID.String(), "err", err)
-		return nil
+	// Appended without reading back: the batch reads the ledger once. A
+	// record the ledger's order refuses (the copy's outcome came first, or
+	// the letter was closed by hand while its copy was on its way) leaves
+	// the ledger with the last word, as Apply would.
+	rec := Record{Version: RecordVersion, Kind: KindTransition, ID: l.ID.String(), Transition: Replay, State: Replaying,
+		Who: r.m.o.Replica, At: r.m.now().UTC(), Why: "published to " + r.src.Name, ReplayID: r.id, Nonce: newNonce()}
+	body, err := rec.Encode()
+	if err != nil {
+		return "", err
 	}
-	return err
+	if err := r.src.Ledger.Append(ctx, body); err != nil {
+		return "", fmt.Errorf("append to %s: %w", r.src.Ledger.Name(), err)
+	}
+	return rec.Nonce, nil
 }
 
 // awaitOutcomes waits up to d for the outcomes of the published letters of

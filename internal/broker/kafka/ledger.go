@@ -65,8 +65,10 @@ func (l *TopicLog) Name() string { return l.topic }
 func (l *TopicLog) First(ctx context.Context) (map[int32]int64, error) {
 	var starts kadm.ListedOffsets
 	// A topic just created is unknown to the brokers' metadata for a
-	// moment; the producer retries that on its own, an admin request not.
-	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+	// moment, and to the client's until its cached metadata is refreshed
+	// (at most every 5s, franz-go's MetadataMinAge); the producer retries
+	// that on its own, an admin request not.
+	for wait, waited := 50*time.Millisecond, time.Duration(0); ; wait, waited = min(2*wait, time.Second), waited+wait {
 		var err error
 		starts, err = l.adm.ListStartOffsets(ctx, l.topic)
 		if err == nil {
@@ -75,7 +77,7 @@ func (l *TopicLog) First(ctx context.Context) (map[int32]int64, error) {
 		if err == nil {
 			break
 		}
-		if !errors.Is(err, kerr.UnknownTopicOrPartition) || wait >= time.Second {
+		if !errors.Is(err, kerr.UnknownTopicOrPartition) || waited >= 8*time.Second {
 			return nil, fmt.Errorf("list start offsets of %s: %w", l.topic, err)
 		}
 		select {
