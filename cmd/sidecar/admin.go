@@ -32,7 +32,7 @@ func adminToken(a config.Admin) ([]byte, error) {
 
 // listenAdmin binds the admin API's listener; nil when the API is off.
 func listenAdmin(cfg config.Config, token []byte, started time.Time, engine *dispatch.Engine, jr *journal.Journal,
-	sources []source, checks *[]telemetry.Check, log *slog.Logger) (*admin.Server, error) {
+	sources []source, deadLetters admin.DeadLetters, checks *[]telemetry.Check, log *slog.Logger) (*admin.Server, error) {
 	if !cfg.Admin.Enabled() {
 		log.Info("admin API off: admin.token_file is not set")
 		return nil, nil
@@ -46,6 +46,7 @@ func listenAdmin(cfg config.Config, token []byte, started time.Time, engine *dis
 		Token:              token,
 		AllowAnonymousRead: cfg.Admin.AllowAnonymousRead,
 		TokenName:          cfg.Admin.TokenName,
+		DeadLetters:        deadLetters,
 		Started:            started,
 		// The same reasons /readyz gives, the first of them.
 		NotReady: func() error {

@@ -17,6 +17,7 @@ import (
 
 	"handoff.dev/handoff/internal/budget"
 	"handoff.dev/handoff/internal/config"
+	"handoff.dev/handoff/internal/deadletter"
 	"handoff.dev/handoff/internal/dispatch"
 	"handoff.dev/handoff/internal/handler"
 	"handoff.dev/handoff/internal/journal"
@@ -200,6 +201,33 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 		}
 	}
 
+	dlIndexPath := cfg.DeadLetter.Index
+	if dlIndexPath == "" {
+		dlIndexPath = cfg.Journal.Path + ".deadletters"
+	}
+	dlIndex, err := deadletter.Open(dlIndexPath, deadletter.Options{Logger: log})
+	if err != nil {
+		for _, b := range sources {
+			b.close()
+		}
+		return err
+	}
+	defer dlIndex.Close()
+	var engine *dispatch.Engine // the replays' pressure reads it once it runs
+	managed := make([]deadletter.ManagedSource, len(sources))
+	for i, src := range sources {
+		managed[i] = src.deadLetters
+	}
+	deadLetters := deadletter.NewManager(deadletter.ManagerOptions{
+		Index:        dlIndex,
+		Sources:      managed,
+		Replica:      jr.InstanceID(),
+		Pressure:     func() string { return replayPressure(engine.Status()) },
+		Logger:       log,
+		Poll:         cfg.DeadLetter.Poll.D(),
+		HeartbeatTTL: cfg.DeadLetter.ReplayTakeover.D(),
+	})
+
 	// One budget pays for re-attempts and for the extra requests of
 	// splitting a failed batch alike: both are load that failures add.
 	retryBudget := budget.NewRetryBudget(cfg.Budget.Ratio, cfg.Budget.MinPerSecond, cfg.Budget.Window.D(), nil)
@@ -211,7 +239,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 		defer batcher.Close()
 		deliverer = batcher
 	}
-	engine := dispatch.New(dispatch.Options{
+	engine = dispatch.New(dispatch.Options{
 		Routes:                routes,
 		Handler:               deliverer,
 		Policy:                policy,
@@ -223,6 +251,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 		Fault:                 hk.fault,
 		Budget:                retryBudget,
 		TrustProducerDeadline: cfg.Retry.TrustProducerDeadline,
+		Replayed:              deadLetters.Handled,
 	})
 	checks = append(checks, telemetry.Check{Name: "app", Ready: engine.Ready})
 
@@ -252,10 +281,21 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 	for _, src := range sources {
 		g.Go(func() error { return part(brokers, "source "+src.name, src.run) })
 	}
+	// The dead letters stop after the engine's drain (whose replayed
+	// copies' outcomes they record) and before the broker connections
+	// they record them through.
+	dlRun, stopDeadLetters := context.WithCancel(context.Background())
+	defer stopDeadLetters()
+	dlDone := make(chan struct{})
+	g.Go(func() error {
+		defer close(dlDone)
+		return part(dlRun, "dead letters", deadLetters.Run)
+	})
 	if cfg.Telemetry.MetricsListen != "" {
 		hs, err := telemetry.Listen(cfg.Telemetry.MetricsListen, checks, log)
 		if err != nil {
 			stopBrokers()
+			stopDeadLetters()
 			_ = g.Wait()
 			return err
 		}
@@ -265,10 +305,11 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 		}
 		g.Go(func() error { return part(servers, "health server", hs.Run) })
 	}
-	adm, err := listenAdmin(cfg, adminTok, started, engine, jr, sources, &checks, log)
+	adm, err := listenAdmin(cfg, adminTok, started, engine, jr, sources, deadLetters, &checks, log)
 	if err != nil {
 		stopBrokers()
 		stopServers()
+		stopDeadLetters()
 		_ = g.Wait()
 		return err
 	}
@@ -287,6 +328,10 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 		// own — the brokers and servers stop after its drain.
 		defer stopServers()
 		defer stopBrokers()
+		defer func() {
+			stopDeadLetters()
+			<-dlDone
+		}()
 		log.Info("sidecar running", "sources", len(routes), "handler", redact.URL(cfg.Handler.URL))
 		err := engine.Run(run)
 		log.Info("intake stopped and in-flight settled; closing")
@@ -321,6 +366,9 @@ type source struct {
 	// waiting reads the copies waiting in each retry tier; nil when the
 	// broker cannot say.
 	waiting func(ctx context.Context) ([]int64, error)
+	// deadLetters are the source's dead-letter logs, and where a replay
+	// republishes.
+	deadLetters deadletter.ManagedSource
 }
 
 // deadLetterRetention applies to the dead-letter destinations the sidecar
@@ -333,4 +381,18 @@ func buildSource(sc config.Source, tiers []time.Duration, deadLetterRetention ti
 		return kafkaSource(sc, tiers, deadLetterRetention, journalID, log)
 	}
 	return source{}, &exitError{code: exitConfig, err: fmt.Errorf("source %q: no broker configured", sc.Name)}
+}
+
+// replayPressure says why a replay must wait, from the engine's status: a
+// replay shares the app with live traffic, which goes first.
+func replayPressure(st dispatch.Status) string {
+	switch {
+	case st.AppUnreachable:
+		return "the app is unreachable"
+	case st.FreshIntakePaused:
+		return "fresh intake is paused: the retry budget is spent"
+	case time.Now().Before(st.OverloadUntil):
+		return "the app answered overload: waiting out its Retry-After"
+	}
+	return ""
 }

@@ -13,6 +13,7 @@ import (
 	"handoff.dev/handoff/internal/broker/kafka"
 	"handoff.dev/handoff/internal/broker/rabbitmq"
 	"handoff.dev/handoff/internal/config"
+	"handoff.dev/handoff/internal/deadletter"
 	"handoff.dev/handoff/internal/dispatch"
 )
 
@@ -40,6 +41,10 @@ func rabbitSource(sc config.Source, tiers []time.Duration, deadLetterRetention t
 	})
 	return source{
 		name: sc.Name,
+		deadLetters: deadletter.ManagedSource{
+			Source:      deadletter.Source{Name: sc.Name, DLQ: c.DeadLetterLog(), Ledger: c.LedgerLog()},
+			Republisher: c,
+		},
 		route: dispatch.Route{
 			Name:     sc.Name,
 			Sources:  []dispatch.Source{c.Source(), c.RetrySource()},
@@ -88,9 +93,18 @@ func kafkaSource(sc config.Source, tiers []time.Duration, deadLetterRetention ti
 	if err != nil {
 		return source{}, err
 	}
+	ledger, err := c.LedgerLog()
+	if err != nil {
+		_ = c.Close()
+		return source{}, err
+	}
 	var declared atomic.Bool
 	return source{
 		name: sc.Name,
+		deadLetters: deadletter.ManagedSource{
+			Source:      deadletter.Source{Name: sc.Name, DLQ: c.DeadLetterLog(), Ledger: ledger},
+			Republisher: c,
+		},
 		route: dispatch.Route{
 			Name:     sc.Name,
 			Sources:  []dispatch.Source{c},
@@ -134,6 +148,7 @@ func kafkaSource(sc config.Source, tiers []time.Duration, deadLetterRetention ti
 			}
 		},
 		close: func() {
+			ledger.Close()
 			if err := c.Close(); err != nil {
 				log.Warn("kafka close: committing offsets failed", "source", sc.Name, "err", err)
 			}
