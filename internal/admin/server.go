@@ -87,9 +87,6 @@ func Listen(o Options) (*Server, error) {
 	if err := adminv1.RegisterAdminHandlerServer(context.Background(), gw, svc); err != nil {
 		return nil, fmt.Errorf("admin gateway: %w", err)
 	}
-	if err := routeListDeadLetters(gw, svc); err != nil {
-		return nil, fmt.Errorf("admin gateway: %w", err)
-	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/openapi.json", openAPI)
 	mux.Handle("/", auth.rest(gw)) // the gateway's own 404 past the guard

@@ -2588,9 +2588,9 @@ const file_admin_v1_admin_proto_rawDesc = "" +
 	"\x04rate\x18\b \x01(\x01R\x04rate2\xe4\x06\n" +
 	"\x05Admin\x12I\n" +
 	"\tGetStatus\x12\".handoff.admin.v1.GetStatusRequest\x1a\x18.handoff.admin.v1.Status\x12F\n" +
-	"\bGetEvent\x12!.handoff.admin.v1.GetEventRequest\x1a\x17.handoff.admin.v1.Event\x12f\n" +
-	"\x0fListDeadLetters\x12(.handoff.admin.v1.ListDeadLettersRequest\x1a).handoff.admin.v1.ListDeadLettersResponse\x12U\n" +
-	"\rGetDeadLetter\x12&.handoff.admin.v1.GetDeadLetterRequest\x1a\x1c.handoff.admin.v1.DeadLetter\x12]\n" +
+	"\bGetEvent\x12!.handoff.admin.v1.GetEventRequest\x1a\x17.handoff.admin.v1.Event\x12U\n" +
+	"\rGetDeadLetter\x12&.handoff.admin.v1.GetDeadLetterRequest\x1a\x1c.handoff.admin.v1.DeadLetter\x12f\n" +
+	"\x0fListDeadLetters\x12(.handoff.admin.v1.ListDeadLettersRequest\x1a).handoff.admin.v1.ListDeadLettersResponse\x12]\n" +
 	"\x11ApproveDeadLetter\x12*.handoff.admin.v1.ApproveDeadLetterRequest\x1a\x1c.handoff.admin.v1.DeadLetter\x12a\n" +
 	"\x13TerminateDeadLetter\x12,.handoff.admin.v1.TerminateDeadLetterRequest\x1a\x1c.handoff.admin.v1.DeadLetter\x12O\n" +
 	"\fCreateReplay\x12%.handoff.admin.v1.CreateReplayRequest\x1a\x18.handoff.admin.v1.Replay\x12I\n" +
@@ -2686,8 +2686,8 @@ var file_admin_v1_admin_proto_depIdxs = []int32{
 	30, // 38: handoff.admin.v1.Progress.eta:type_name -> google.protobuf.Duration
 	0,  // 39: handoff.admin.v1.Admin.GetStatus:input_type -> handoff.admin.v1.GetStatusRequest
 	7,  // 40: handoff.admin.v1.Admin.GetEvent:input_type -> handoff.admin.v1.GetEventRequest
-	11, // 41: handoff.admin.v1.Admin.ListDeadLetters:input_type -> handoff.admin.v1.ListDeadLettersRequest
-	17, // 42: handoff.admin.v1.Admin.GetDeadLetter:input_type -> handoff.admin.v1.GetDeadLetterRequest
+	17, // 41: handoff.admin.v1.Admin.GetDeadLetter:input_type -> handoff.admin.v1.GetDeadLetterRequest
+	11, // 42: handoff.admin.v1.Admin.ListDeadLetters:input_type -> handoff.admin.v1.ListDeadLettersRequest
 	18, // 43: handoff.admin.v1.Admin.ApproveDeadLetter:input_type -> handoff.admin.v1.ApproveDeadLetterRequest
 	19, // 44: handoff.admin.v1.Admin.TerminateDeadLetter:input_type -> handoff.admin.v1.TerminateDeadLetterRequest
 	20, // 45: handoff.admin.v1.Admin.CreateReplay:input_type -> handoff.admin.v1.CreateReplayRequest
@@ -2696,8 +2696,8 @@ var file_admin_v1_admin_proto_depIdxs = []int32{
 	22, // 48: handoff.admin.v1.Admin.CancelReplay:input_type -> handoff.admin.v1.CancelReplayRequest
 	1,  // 49: handoff.admin.v1.Admin.GetStatus:output_type -> handoff.admin.v1.Status
 	8,  // 50: handoff.admin.v1.Admin.GetEvent:output_type -> handoff.admin.v1.Event
-	12, // 51: handoff.admin.v1.Admin.ListDeadLetters:output_type -> handoff.admin.v1.ListDeadLettersResponse
-	14, // 52: handoff.admin.v1.Admin.GetDeadLetter:output_type -> handoff.admin.v1.DeadLetter
+	14, // 51: handoff.admin.v1.Admin.GetDeadLetter:output_type -> handoff.admin.v1.DeadLetter
+	12, // 52: handoff.admin.v1.Admin.ListDeadLetters:output_type -> handoff.admin.v1.ListDeadLettersResponse
 	14, // 53: handoff.admin.v1.Admin.ApproveDeadLetter:output_type -> handoff.admin.v1.DeadLetter
 	14, // 54: handoff.admin.v1.Admin.TerminateDeadLetter:output_type -> handoff.admin.v1.DeadLetter
 	25, // 55: handoff.admin.v1.Admin.CreateReplay:output_type -> handoff.admin.v1.Replay

@@ -25,8 +25,8 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	Admin_GetStatus_FullMethodName           = "/handoff.admin.v1.Admin/GetStatus"
 	Admin_GetEvent_FullMethodName            = "/handoff.admin.v1.Admin/GetEvent"
-	Admin_ListDeadLetters_FullMethodName     = "/handoff.admin.v1.Admin/ListDeadLetters"
 	Admin_GetDeadLetter_FullMethodName       = "/handoff.admin.v1.Admin/GetDeadLetter"
+	Admin_ListDeadLetters_FullMethodName     = "/handoff.admin.v1.Admin/ListDeadLetters"
 	Admin_ApproveDeadLetter_FullMethodName   = "/handoff.admin.v1.Admin/ApproveDeadLetter"
 	Admin_TerminateDeadLetter_FullMethodName = "/handoff.admin.v1.Admin/TerminateDeadLetter"
 	Admin_CreateReplay_FullMethodName        = "/handoff.admin.v1.Admin/CreateReplay"
@@ -44,13 +44,15 @@ type AdminClient interface {
 	// GET /v1/events/{source}/{event_id}: an event's hand-offs, each with its
 	// timeline, from the running sidecar's journal.
 	GetEvent(ctx context.Context, in *GetEventRequest, opts ...grpc.CallOption) (*Event, error)
-	// GET /v1/deadletters: dead letters from the index, filtered and paged,
-	// with the counts by state of the sources asked about.
-	ListDeadLetters(ctx context.Context, in *ListDeadLettersRequest, opts ...grpc.CallOption) (*ListDeadLettersResponse, error)
 	// GET /v1/deadletters/{id}: one dead letter with its body (up to a size
 	// limit), headers, evidence, ledger history and, where this replica's
 	// journal has it, the attempt timeline.
 	GetDeadLetter(ctx context.Context, in *GetDeadLetterRequest, opts ...grpc.CallOption) (*DeadLetter, error)
+	// GET /v1/deadletters: dead letters from the index, filtered and paged,
+	// with the counts by state of the sources asked about. Declared after
+	// GetDeadLetter: the gateway tries the route registered last first, and
+	// GetDeadLetter's {id=**} also matches no segment at all.
+	ListDeadLetters(ctx context.Context, in *ListDeadLettersRequest, opts ...grpc.CallOption) (*ListDeadLettersResponse, error)
 	// POST /v1/deadletters/{id}:approve: allow a replay, optionally with a
 	// repaired body.
 	ApproveDeadLetter(ctx context.Context, in *ApproveDeadLetterRequest, opts ...grpc.CallOption) (*DeadLetter, error)
@@ -96,20 +98,20 @@ func (c *adminClient) GetEvent(ctx context.Context, in *GetEventRequest, opts ..
 	return out, nil
 }
 
-func (c *adminClient) ListDeadLetters(ctx context.Context, in *ListDeadLettersRequest, opts ...grpc.CallOption) (*ListDeadLettersResponse, error) {
+func (c *adminClient) GetDeadLetter(ctx context.Context, in *GetDeadLetterRequest, opts ...grpc.CallOption) (*DeadLetter, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(ListDeadLettersResponse)
-	err := c.cc.Invoke(ctx, Admin_ListDeadLetters_FullMethodName, in, out, cOpts...)
+	out := new(DeadLetter)
+	err := c.cc.Invoke(ctx, Admin_GetDeadLetter_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
 	return out, nil
 }
 
-func (c *adminClient) GetDeadLetter(ctx context.Context, in *GetDeadLetterRequest, opts ...grpc.CallOption) (*DeadLetter, error) {
+func (c *adminClient) ListDeadLetters(ctx context.Context, in *ListDeadLettersRequest, opts ...grpc.CallOption) (*ListDeadLettersResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(DeadLetter)
-	err := c.cc.Invoke(ctx, Admin_GetDeadLetter_FullMethodName, in, out, cOpts...)
+	out := new(ListDeadLettersResponse)
+	err := c.cc.Invoke(ctx, Admin_ListDeadLetters_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -185,13 +187,15 @@ type AdminServer interface {
 	// GET /v1/events/{source}/{event_id}: an event's hand-offs, each with its
 	// timeline, from the running sidecar's journal.
 	GetEvent(context.Context, *GetEventRequest) (*Event, error)
-	// GET /v1/deadletters: dead letters from the index, filtered and paged,
-	// with the counts by state of the sources asked about.
-	ListDeadLetters(context.Context, *ListDeadLettersRequest) (*ListDeadLettersResponse, error)
 	// GET /v1/deadletters/{id}: one dead letter with its body (up to a size
 	// limit), headers, evidence, ledger history and, where this replica's
 	// journal has it, the attempt timeline.
 	GetDeadLetter(context.Context, *GetDeadLetterRequest) (*DeadLetter, error)
+	// GET /v1/deadletters: dead letters from the index, filtered and paged,
+	// with the counts by state of the sources asked about. Declared after
+	// GetDeadLetter: the gateway tries the route registered last first, and
+	// GetDeadLetter's {id=**} also matches no segment at all.
+	ListDeadLetters(context.Context, *ListDeadLettersRequest) (*ListDeadLettersResponse, error)
 	// POST /v1/deadletters/{id}:approve: allow a replay, optionally with a
 	// repaired body.
 	ApproveDeadLetter(context.Context, *ApproveDeadLetterRequest) (*DeadLetter, error)
@@ -223,11 +227,11 @@ func (UnimplementedAdminServer) GetStatus(context.Context, *GetStatusRequest) (*
 func (UnimplementedAdminServer) GetEvent(context.Context, *GetEventRequest) (*Event, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetEvent not implemented")
 }
-func (UnimplementedAdminServer) ListDeadLetters(context.Context, *ListDeadLettersRequest) (*ListDeadLettersResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method ListDeadLetters not implemented")
-}
 func (UnimplementedAdminServer) GetDeadLetter(context.Context, *GetDeadLetterRequest) (*DeadLetter, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetDeadLetter not implemented")
+}
+func (UnimplementedAdminServer) ListDeadLetters(context.Context, *ListDeadLettersRequest) (*ListDeadLettersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListDeadLetters not implemented")
 }
 func (UnimplementedAdminServer) ApproveDeadLetter(context.Context, *ApproveDeadLetterRequest) (*DeadLetter, error) {
 	return nil, status.Error(codes.Unimplemented, "method ApproveDeadLetter not implemented")
@@ -304,24 +308,6 @@ func _Admin_GetEvent_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
-func _Admin_ListDeadLetters_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(ListDeadLettersRequest)
-	if err := dec(in); err != nil {
-		return nil, err
-	}
-	if interceptor == nil {
-		return srv.(AdminServer).ListDeadLetters(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{
-		Server:     srv,
-		FullMethod: Admin_ListDeadLetters_FullMethodName,
-	}
-	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(AdminServer).ListDeadLetters(ctx, req.(*ListDeadLettersRequest))
-	}
-	return interceptor(ctx, in, info, handler)
-}
-
 func _Admin_GetDeadLetter_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(GetDeadLetterRequest)
 	if err := dec(in); err != nil {
@@ -336,6 +322,24 @@ func _Admin_GetDeadLetter_Handler(srv interface{}, ctx context.Context, dec func
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(AdminServer).GetDeadLetter(ctx, req.(*GetDeadLetterRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_ListDeadLetters_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListDeadLettersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListDeadLetters(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ListDeadLetters_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListDeadLetters(ctx, req.(*ListDeadLettersRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -464,12 +468,12 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Admin_GetEvent_Handler,
 		},
 		{
-			MethodName: "ListDeadLetters",
-			Handler:    _Admin_ListDeadLetters_Handler,
-		},
-		{
 			MethodName: "GetDeadLetter",
 			Handler:    _Admin_GetDeadLetter_Handler,
+		},
+		{
+			MethodName: "ListDeadLetters",
+			Handler:    _Admin_ListDeadLetters_Handler,
 		},
 		{
 			MethodName: "ApproveDeadLetter",
