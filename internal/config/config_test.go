@@ -160,6 +160,13 @@ func TestParseProblems(t *testing.T) {
 		{"queue name leaves no room for the dead-letter move's lock", replace(t, "queue: orders", "queue: "+strings.Repeat("q", 240)), []string{
 			"sources[0].rabbitmq.queue: too long: derived queue \"" + strings.Repeat("q", 240) + ".dlq.migrating.lock\"",
 		}},
+		{"kafka names leave no room for the ledger topic", replace(t, `    rabbitmq:
+      url: amqp://guest:guest@127.0.0.1:5672/
+      queue: orders
+      prefetch: 100
+`, "    kafka: {brokers: [\"127.0.0.1:9092\"], topic: "+strings.Repeat("t", 200)+", group: "+strings.Repeat("g", 40)+"}\n"), []string{
+			"sources[0].kafka.group: the dead-letter ledger's topic " + strings.Repeat("t", 200) + "." + strings.Repeat("g", 40) + ".dlq.ledger would be 252 characters; Kafka allows 249",
+		}},
 		{"kafka instance ids", replace(t, `  - name: orders
     rabbitmq:
       url: amqp://guest:guest@127.0.0.1:5672/

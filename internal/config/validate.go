@@ -148,6 +148,9 @@ func (r *RabbitMQ) validate(path string, tiers []Duration, ps *Problems) {
 	}
 }
 
+// maxKafkaTopicName is the longest topic name Kafka accepts.
+const maxKafkaTopicName = 249
+
 func (k *Kafka) validate(path string, ps *Problems) {
 	if len(k.Brokers) == 0 {
 		ps.add(path+".brokers", "at least one broker (host:port) is required")
@@ -160,6 +163,12 @@ func (k *Kafka) validate(path string, ps *Problems) {
 	}
 	if k.Group == "" {
 		ps.add(path+".group", "required")
+	}
+	// The longest name derived from them is the dead-letter ledger's,
+	// T.G.dlq.ledger; Kafka refuses a topic name over 249 characters.
+	if n := len(k.Topic) + 1 + len(k.Group) + len(".dlq.ledger"); k.Topic != "" && k.Group != "" && n > maxKafkaTopicName {
+		ps.add(path+".group", "the dead-letter ledger's topic %s.%s.dlq.ledger would be %d characters; Kafka allows %d: shorten the topic or the group",
+			k.Topic, k.Group, n, maxKafkaTopicName)
 	}
 	switch k.Ordering {
 	case "", "none", "key", "partition":
