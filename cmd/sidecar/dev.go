@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -61,6 +63,7 @@ JSON body {"id": ..., "kind": "ok|flaky|bad|down"}.`,
 	cmd.Flags().BoolVar(&o.untilEnd, "exit-when-done", false, "exit once every order is handled or dead-lettered")
 	cmd.Flags().StringVar(&o.handler, "handler", "http", "the demo app's transport: http or grpc")
 	cmd.Flags().StringVar(&o.app, "app", "", "hand the orders to the app at this URL instead of the demo app (http://, grpc://, ...)")
+	cmd.Flags().StringVar(&o.admin, "admin", "127.0.0.1:9400", "serve the admin API here, with a token made for the run (\"\" turns it off): try sidecar dlq list")
 	return cmd
 }
 
@@ -71,6 +74,7 @@ type devOptions struct {
 	untilEnd bool
 	handler  string // the demo app's transport
 	app      string // an app of the user's own, instead of the demo app
+	admin    string // the admin API's address; "" turns it off
 }
 
 // devOrder is the demo's message body.
@@ -109,6 +113,7 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 	acct := &devAccount{out: out, start: time.Now(), state: map[string]string{}, demo: o.app == ""}
 	appURL, appAddr := o.app, redact.URL(o.app)
 	var hk hooks
+	adminAddr := make(chan string, 1)
 	switch {
 	case o.app != "":
 		// Your own app: the account learns what it handled from the sidecar.
@@ -147,6 +152,18 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 	cfg.Journal.Path = filepath.Join(dir, "handoff.db")
 	cfg.Telemetry.MetricsListen = ""
 	cfg.Shutdown.DrainTimeout = config.Duration(5 * time.Second)
+	cfg.DeadLetter.Poll = config.Duration(200 * time.Millisecond)
+	if o.admin != "" {
+		// A token made for the run, so that the dead letters it makes can
+		// be listed, repaired and replayed with the CLI.
+		tok := make([]byte, 16)
+		_, _ = rand.Read(tok)
+		cfg.Admin.Listen, cfg.Admin.TokenFile = o.admin, filepath.Join(dir, "admin.token")
+		if err := os.WriteFile(cfg.Admin.TokenFile, []byte(hex.EncodeToString(tok)+"\n"), 0o600); err != nil {
+			return err
+		}
+		hk.adminAddr = func(a string) { adminAddr <- a }
+	}
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -164,6 +181,15 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	done := make(chan error, 1)
 	go func() { done <- serve(ctx, cfg, log, hk) }()
+	if o.admin != "" {
+		select {
+		case a := <-adminAddr:
+			fmt.Fprintf(out, "Admin API at %s; in another terminal, while this runs:\n  sidecar dlq list --admin %s --token-file %s\n\n",
+				a, a, cfg.Admin.TokenFile)
+		case err := <-done:
+			return err
+		}
+	}
 
 	var wg sync.WaitGroup
 	wg.Add(2)
