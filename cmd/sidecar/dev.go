@@ -63,7 +63,7 @@ JSON body {"id": ..., "kind": "ok|flaky|bad|down"}.`,
 	cmd.Flags().BoolVar(&o.untilEnd, "exit-when-done", false, "exit once every order is handled or dead-lettered")
 	cmd.Flags().StringVar(&o.handler, "handler", "http", "the demo app's transport: http or grpc")
 	cmd.Flags().StringVar(&o.app, "app", "", "hand the orders to the app at this URL instead of the demo app (http://, grpc://, ...)")
-	cmd.Flags().StringVar(&o.admin, "admin", "127.0.0.1:9400", "serve the admin API here, with a token made for the run (\"\" turns it off): try sidecar dlq list")
+	cmd.Flags().StringVar(&o.admin, "admin", "127.0.0.1:0", "serve the admin API here (a free port by default), with a token made for the run; \"\" turns it off")
 	return cmd
 }
 
