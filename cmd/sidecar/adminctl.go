@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -198,6 +199,9 @@ func writeStatus(w io.Writer, s *adminv1.Status, now time.Time) {
 				waiting = fmt.Sprintf("%d waiting", t.GetWaiting())
 			}
 			fmt.Fprintf(w, "  retry %s (%s): %s\n", t.GetName(), t.GetDelay().AsDuration(), waiting)
+		}
+		if c := src.GetDeadLetters(); c != nil {
+			fmt.Fprintf(w, "  dead letters %s\n", strings.TrimPrefix(countsLine(c), c.GetSource()+": "))
 		}
 	}
 }

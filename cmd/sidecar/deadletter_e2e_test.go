@@ -352,6 +352,13 @@ func TestDeadLetterThresholdRepairAndTokenRabbitMQ(t *testing.T) {
 		return `{"order":"` + id + `"}`
 	})
 	waitCounts(t, c, map[string]int64{"pending": 11})
+	st, err := c.GetStatus(authed, &adminv1.GetStatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dl := st.GetSources()[0].GetDeadLetters(); dl.GetOpen() != 11 || dl.GetOldestOpenAge() == nil {
+		t.Fatalf("status's dead letters: %v", dl)
+	}
 	byEvent := map[string]string{}
 	for _, l := range allLetters(t, c) {
 		byEvent[l.GetEventId()] = l.GetId()

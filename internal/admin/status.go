@@ -38,6 +38,8 @@ type sourceReading struct {
 	// waiting is the copies in each tier, in Tiers order; nil when the
 	// broker cannot say.
 	waiting []int64
+	// deadLetters are its dead letters' counts; nil when unknown.
+	deadLetters *adminv1.DeadLetterCounts
 }
 
 // read takes a reading of the sidecar.
@@ -60,6 +62,13 @@ func (s *service) read(ctx context.Context) reading {
 				sr.waiting = w
 			} else if err != nil {
 				s.log.Debug("admin: retry tiers' depth unknown", "source", src.Name, "err", redact.Error(err))
+			}
+		}
+		if s.o.DeadLetters != nil {
+			if c, err := s.o.DeadLetters.Counts(src.Name); err == nil {
+				sr.deadLetters = countsProto(src.Name, c, r.now)
+			} else {
+				s.log.Debug("admin: dead-letter counts unknown", "source", src.Name, "err", err)
 			}
 		}
 		r.sources = append(r.sources, sr)
@@ -123,6 +132,8 @@ func sourceStatus(now time.Time, e dispatch.Status, rs dispatch.RouteStatus, sr 
 		Connected: sr.notConnected == nil,
 		State:     "consuming",
 		InFlight:  int32(rs.InFlight),
+		// What an operator watches of its dead letters: no message data.
+		DeadLetters: sr.deadLetters,
 	}
 	if !rs.Oldest.IsZero() {
 		out.OldestUnsettledAge = durationpb.New(max(now.Sub(rs.Oldest), 0))

@@ -323,8 +323,11 @@ type SourceStatus struct {
 	// The oldest of them: how long it has been open.
 	OldestUnsettledAge *durationpb.Duration `protobuf:"bytes,8,opt,name=oldest_unsettled_age,json=oldestUnsettledAge,proto3" json:"oldest_unsettled_age,omitempty"`
 	RetryTiers         []*RetryTier         `protobuf:"bytes,9,rep,name=retry_tiers,json=retryTiers,proto3" json:"retry_tiers,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Its dead letters: the open count and the oldest open one's age, from
+	// this replica's index (no message data).
+	DeadLetters   *DeadLetterCounts `protobuf:"bytes,10,opt,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SourceStatus) Reset() {
@@ -416,6 +419,13 @@ func (x *SourceStatus) GetOldestUnsettledAge() *durationpb.Duration {
 func (x *SourceStatus) GetRetryTiers() []*RetryTier {
 	if x != nil {
 		return x.RetryTiers
+	}
+	return nil
+}
+
+func (x *SourceStatus) GetDeadLetters() *DeadLetterCounts {
+	if x != nil {
+		return x.DeadLetters
 	}
 	return nil
 }
@@ -2391,7 +2401,7 @@ const file_admin_v1_admin_proto_rawDesc = "" +
 	"\x0eoverload_until\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\roverloadUntil\"8\n" +
 	"\x06Budget\x12\x16\n" +
 	"\x06tokens\x18\x01 \x01(\x01R\x06tokens\x12\x16\n" +
-	"\x06denied\x18\x02 \x01(\x04R\x06denied\"\xc2\x02\n" +
+	"\x06denied\x18\x02 \x01(\x04R\x06denied\"\x89\x03\n" +
 	"\fSourceStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06broker\x18\x02 \x01(\tR\x06broker\x12\x12\n" +
@@ -2402,7 +2412,9 @@ const file_admin_v1_admin_proto_rawDesc = "" +
 	"\tin_flight\x18\a \x01(\x05R\binFlight\x12K\n" +
 	"\x14oldest_unsettled_age\x18\b \x01(\v2\x19.google.protobuf.DurationR\x12oldestUnsettledAge\x12<\n" +
 	"\vretry_tiers\x18\t \x03(\v2\x1b.handoff.admin.v1.RetryTierR\n" +
-	"retryTiers\"\x80\x01\n" +
+	"retryTiers\x12E\n" +
+	"\fdead_letters\x18\n" +
+	" \x01(\v2\".handoff.admin.v1.DeadLetterCountsR\vdeadLetters\"\x80\x01\n" +
 	"\tRetryTier\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12/\n" +
 	"\x05delay\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05delay\x12\x18\n" +
@@ -2653,62 +2665,63 @@ var file_admin_v1_admin_proto_depIdxs = []int32{
 	29, // 5: handoff.admin.v1.Calls.overload_until:type_name -> google.protobuf.Timestamp
 	30, // 6: handoff.admin.v1.SourceStatus.oldest_unsettled_age:type_name -> google.protobuf.Duration
 	5,  // 7: handoff.admin.v1.SourceStatus.retry_tiers:type_name -> handoff.admin.v1.RetryTier
-	30, // 8: handoff.admin.v1.RetryTier.delay:type_name -> google.protobuf.Duration
-	30, // 9: handoff.admin.v1.Journal.commit_p50:type_name -> google.protobuf.Duration
-	30, // 10: handoff.admin.v1.Journal.commit_max:type_name -> google.protobuf.Duration
-	9,  // 11: handoff.admin.v1.Event.handoffs:type_name -> handoff.admin.v1.Handoff
-	10, // 12: handoff.admin.v1.Handoff.steps:type_name -> handoff.admin.v1.Step
-	29, // 13: handoff.admin.v1.Step.at:type_name -> google.protobuf.Timestamp
-	30, // 14: handoff.admin.v1.Step.latency:type_name -> google.protobuf.Duration
-	29, // 15: handoff.admin.v1.ListDeadLettersRequest.since:type_name -> google.protobuf.Timestamp
-	29, // 16: handoff.admin.v1.ListDeadLettersRequest.until:type_name -> google.protobuf.Timestamp
-	14, // 17: handoff.admin.v1.ListDeadLettersResponse.dead_letters:type_name -> handoff.admin.v1.DeadLetter
-	13, // 18: handoff.admin.v1.ListDeadLettersResponse.counts:type_name -> handoff.admin.v1.DeadLetterCounts
-	27, // 19: handoff.admin.v1.DeadLetterCounts.by_state:type_name -> handoff.admin.v1.DeadLetterCounts.ByStateEntry
-	29, // 20: handoff.admin.v1.DeadLetterCounts.oldest_open_at:type_name -> google.protobuf.Timestamp
-	30, // 21: handoff.admin.v1.DeadLetterCounts.oldest_open_age:type_name -> google.protobuf.Duration
-	29, // 22: handoff.admin.v1.DeadLetter.first_failure_at:type_name -> google.protobuf.Timestamp
-	29, // 23: handoff.admin.v1.DeadLetter.dead_lettered_at:type_name -> google.protobuf.Timestamp
-	28, // 24: handoff.admin.v1.DeadLetter.headers:type_name -> handoff.admin.v1.DeadLetter.HeadersEntry
-	15, // 25: handoff.admin.v1.DeadLetter.repair:type_name -> handoff.admin.v1.Repair
-	16, // 26: handoff.admin.v1.DeadLetter.history:type_name -> handoff.admin.v1.LedgerRecord
-	9,  // 27: handoff.admin.v1.DeadLetter.handoffs:type_name -> handoff.admin.v1.Handoff
-	29, // 28: handoff.admin.v1.LedgerRecord.at:type_name -> google.protobuf.Timestamp
-	15, // 29: handoff.admin.v1.LedgerRecord.repair:type_name -> handoff.admin.v1.Repair
-	29, // 30: handoff.admin.v1.CreateReplayRequest.since:type_name -> google.protobuf.Timestamp
-	29, // 31: handoff.admin.v1.CreateReplayRequest.until:type_name -> google.protobuf.Timestamp
-	30, // 32: handoff.admin.v1.CreateReplayRequest.sample_timeout:type_name -> google.protobuf.Duration
-	25, // 33: handoff.admin.v1.ListReplaysResponse.replays:type_name -> handoff.admin.v1.Replay
-	29, // 34: handoff.admin.v1.Replay.heartbeat_at:type_name -> google.protobuf.Timestamp
-	29, // 35: handoff.admin.v1.Replay.created_at:type_name -> google.protobuf.Timestamp
-	29, // 36: handoff.admin.v1.Replay.ended_at:type_name -> google.protobuf.Timestamp
-	26, // 37: handoff.admin.v1.Replay.progress:type_name -> handoff.admin.v1.Progress
-	30, // 38: handoff.admin.v1.Progress.eta:type_name -> google.protobuf.Duration
-	0,  // 39: handoff.admin.v1.Admin.GetStatus:input_type -> handoff.admin.v1.GetStatusRequest
-	7,  // 40: handoff.admin.v1.Admin.GetEvent:input_type -> handoff.admin.v1.GetEventRequest
-	17, // 41: handoff.admin.v1.Admin.GetDeadLetter:input_type -> handoff.admin.v1.GetDeadLetterRequest
-	11, // 42: handoff.admin.v1.Admin.ListDeadLetters:input_type -> handoff.admin.v1.ListDeadLettersRequest
-	18, // 43: handoff.admin.v1.Admin.ApproveDeadLetter:input_type -> handoff.admin.v1.ApproveDeadLetterRequest
-	19, // 44: handoff.admin.v1.Admin.TerminateDeadLetter:input_type -> handoff.admin.v1.TerminateDeadLetterRequest
-	20, // 45: handoff.admin.v1.Admin.CreateReplay:input_type -> handoff.admin.v1.CreateReplayRequest
-	21, // 46: handoff.admin.v1.Admin.GetReplay:input_type -> handoff.admin.v1.GetReplayRequest
-	23, // 47: handoff.admin.v1.Admin.ListReplays:input_type -> handoff.admin.v1.ListReplaysRequest
-	22, // 48: handoff.admin.v1.Admin.CancelReplay:input_type -> handoff.admin.v1.CancelReplayRequest
-	1,  // 49: handoff.admin.v1.Admin.GetStatus:output_type -> handoff.admin.v1.Status
-	8,  // 50: handoff.admin.v1.Admin.GetEvent:output_type -> handoff.admin.v1.Event
-	14, // 51: handoff.admin.v1.Admin.GetDeadLetter:output_type -> handoff.admin.v1.DeadLetter
-	12, // 52: handoff.admin.v1.Admin.ListDeadLetters:output_type -> handoff.admin.v1.ListDeadLettersResponse
-	14, // 53: handoff.admin.v1.Admin.ApproveDeadLetter:output_type -> handoff.admin.v1.DeadLetter
-	14, // 54: handoff.admin.v1.Admin.TerminateDeadLetter:output_type -> handoff.admin.v1.DeadLetter
-	25, // 55: handoff.admin.v1.Admin.CreateReplay:output_type -> handoff.admin.v1.Replay
-	25, // 56: handoff.admin.v1.Admin.GetReplay:output_type -> handoff.admin.v1.Replay
-	24, // 57: handoff.admin.v1.Admin.ListReplays:output_type -> handoff.admin.v1.ListReplaysResponse
-	25, // 58: handoff.admin.v1.Admin.CancelReplay:output_type -> handoff.admin.v1.Replay
-	49, // [49:59] is the sub-list for method output_type
-	39, // [39:49] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	13, // 8: handoff.admin.v1.SourceStatus.dead_letters:type_name -> handoff.admin.v1.DeadLetterCounts
+	30, // 9: handoff.admin.v1.RetryTier.delay:type_name -> google.protobuf.Duration
+	30, // 10: handoff.admin.v1.Journal.commit_p50:type_name -> google.protobuf.Duration
+	30, // 11: handoff.admin.v1.Journal.commit_max:type_name -> google.protobuf.Duration
+	9,  // 12: handoff.admin.v1.Event.handoffs:type_name -> handoff.admin.v1.Handoff
+	10, // 13: handoff.admin.v1.Handoff.steps:type_name -> handoff.admin.v1.Step
+	29, // 14: handoff.admin.v1.Step.at:type_name -> google.protobuf.Timestamp
+	30, // 15: handoff.admin.v1.Step.latency:type_name -> google.protobuf.Duration
+	29, // 16: handoff.admin.v1.ListDeadLettersRequest.since:type_name -> google.protobuf.Timestamp
+	29, // 17: handoff.admin.v1.ListDeadLettersRequest.until:type_name -> google.protobuf.Timestamp
+	14, // 18: handoff.admin.v1.ListDeadLettersResponse.dead_letters:type_name -> handoff.admin.v1.DeadLetter
+	13, // 19: handoff.admin.v1.ListDeadLettersResponse.counts:type_name -> handoff.admin.v1.DeadLetterCounts
+	27, // 20: handoff.admin.v1.DeadLetterCounts.by_state:type_name -> handoff.admin.v1.DeadLetterCounts.ByStateEntry
+	29, // 21: handoff.admin.v1.DeadLetterCounts.oldest_open_at:type_name -> google.protobuf.Timestamp
+	30, // 22: handoff.admin.v1.DeadLetterCounts.oldest_open_age:type_name -> google.protobuf.Duration
+	29, // 23: handoff.admin.v1.DeadLetter.first_failure_at:type_name -> google.protobuf.Timestamp
+	29, // 24: handoff.admin.v1.DeadLetter.dead_lettered_at:type_name -> google.protobuf.Timestamp
+	28, // 25: handoff.admin.v1.DeadLetter.headers:type_name -> handoff.admin.v1.DeadLetter.HeadersEntry
+	15, // 26: handoff.admin.v1.DeadLetter.repair:type_name -> handoff.admin.v1.Repair
+	16, // 27: handoff.admin.v1.DeadLetter.history:type_name -> handoff.admin.v1.LedgerRecord
+	9,  // 28: handoff.admin.v1.DeadLetter.handoffs:type_name -> handoff.admin.v1.Handoff
+	29, // 29: handoff.admin.v1.LedgerRecord.at:type_name -> google.protobuf.Timestamp
+	15, // 30: handoff.admin.v1.LedgerRecord.repair:type_name -> handoff.admin.v1.Repair
+	29, // 31: handoff.admin.v1.CreateReplayRequest.since:type_name -> google.protobuf.Timestamp
+	29, // 32: handoff.admin.v1.CreateReplayRequest.until:type_name -> google.protobuf.Timestamp
+	30, // 33: handoff.admin.v1.CreateReplayRequest.sample_timeout:type_name -> google.protobuf.Duration
+	25, // 34: handoff.admin.v1.ListReplaysResponse.replays:type_name -> handoff.admin.v1.Replay
+	29, // 35: handoff.admin.v1.Replay.heartbeat_at:type_name -> google.protobuf.Timestamp
+	29, // 36: handoff.admin.v1.Replay.created_at:type_name -> google.protobuf.Timestamp
+	29, // 37: handoff.admin.v1.Replay.ended_at:type_name -> google.protobuf.Timestamp
+	26, // 38: handoff.admin.v1.Replay.progress:type_name -> handoff.admin.v1.Progress
+	30, // 39: handoff.admin.v1.Progress.eta:type_name -> google.protobuf.Duration
+	0,  // 40: handoff.admin.v1.Admin.GetStatus:input_type -> handoff.admin.v1.GetStatusRequest
+	7,  // 41: handoff.admin.v1.Admin.GetEvent:input_type -> handoff.admin.v1.GetEventRequest
+	17, // 42: handoff.admin.v1.Admin.GetDeadLetter:input_type -> handoff.admin.v1.GetDeadLetterRequest
+	11, // 43: handoff.admin.v1.Admin.ListDeadLetters:input_type -> handoff.admin.v1.ListDeadLettersRequest
+	18, // 44: handoff.admin.v1.Admin.ApproveDeadLetter:input_type -> handoff.admin.v1.ApproveDeadLetterRequest
+	19, // 45: handoff.admin.v1.Admin.TerminateDeadLetter:input_type -> handoff.admin.v1.TerminateDeadLetterRequest
+	20, // 46: handoff.admin.v1.Admin.CreateReplay:input_type -> handoff.admin.v1.CreateReplayRequest
+	21, // 47: handoff.admin.v1.Admin.GetReplay:input_type -> handoff.admin.v1.GetReplayRequest
+	23, // 48: handoff.admin.v1.Admin.ListReplays:input_type -> handoff.admin.v1.ListReplaysRequest
+	22, // 49: handoff.admin.v1.Admin.CancelReplay:input_type -> handoff.admin.v1.CancelReplayRequest
+	1,  // 50: handoff.admin.v1.Admin.GetStatus:output_type -> handoff.admin.v1.Status
+	8,  // 51: handoff.admin.v1.Admin.GetEvent:output_type -> handoff.admin.v1.Event
+	14, // 52: handoff.admin.v1.Admin.GetDeadLetter:output_type -> handoff.admin.v1.DeadLetter
+	12, // 53: handoff.admin.v1.Admin.ListDeadLetters:output_type -> handoff.admin.v1.ListDeadLettersResponse
+	14, // 54: handoff.admin.v1.Admin.ApproveDeadLetter:output_type -> handoff.admin.v1.DeadLetter
+	14, // 55: handoff.admin.v1.Admin.TerminateDeadLetter:output_type -> handoff.admin.v1.DeadLetter
+	25, // 56: handoff.admin.v1.Admin.CreateReplay:output_type -> handoff.admin.v1.Replay
+	25, // 57: handoff.admin.v1.Admin.GetReplay:output_type -> handoff.admin.v1.Replay
+	24, // 58: handoff.admin.v1.Admin.ListReplays:output_type -> handoff.admin.v1.ListReplaysResponse
+	25, // 59: handoff.admin.v1.Admin.CancelReplay:output_type -> handoff.admin.v1.Replay
+	50, // [50:60] is the sub-list for method output_type
+	40, // [40:50] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_admin_v1_admin_proto_init() }
