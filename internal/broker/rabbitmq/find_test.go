@@ -3,7 +3,9 @@ package rabbitmq
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -212,5 +214,47 @@ func TestReadStreamEndsWhileOthersAppend(t *testing.T) {
 	}
 	if !seen["last-before"] {
 		t.Error("the last message before the read began was not read")
+	}
+}
+
+// Reads end their consumers: RabbitMQ 3.10 keeps counting a stream consumer
+// whose channel closed without cancelling it, one more per read, for as long
+// as the connection lives — a sidecar reading its logs every second would
+// pile up thousands.
+func TestReadStreamLeavesNoConsumer(t *testing.T) {
+	t.Parallel()
+	ch := channel(t)
+	q := sourceQueue(t, ch, "readers")
+	stream := DeadLetterQueue(q)
+	if _, err := ch.QueueDeclare(stream, true, false, false, false, streamArgs(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		if err := ch.Publish("", stream, false, false, amqp.Publishing{MessageId: strconv.Itoa(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn := dial(t)
+	ctx := context.Background()
+	for range 4 {
+		if err := ReadStream(ctx, conn, stream, "first", func(*amqp.Delivery) bool { return true }); err != nil {
+			t.Fatal(err)
+		}
+		if err := ReadStream(ctx, conn, stream, "first", func(*amqp.Delivery) bool { return false }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	_ = ReadStream(cctx, conn, stream, "first", func(*amqp.Delivery) bool { cancel(); return true })
+	// AMQP's queue.declare-ok says 0 for a stream whatever it counts: the
+	// broker's own listing says what it keeps.
+	out, err := exec.Command("rabbitmqctl", "-q", "list_queues", "name", "consumers").CombinedOutput()
+	if err != nil {
+		t.Fatalf("rabbitmqctl: %v\n%s", err, out)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == stream && f[1] != "0" {
+			t.Fatalf("%s consumers left on the stream after 9 reads on a live connection", f[1])
+		}
 	}
 }

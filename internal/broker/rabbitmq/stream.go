@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -45,20 +48,29 @@ func ReadStream(ctx context.Context, conn *amqp.Connection, queue string, from a
 	if err != nil {
 		return fmt.Errorf("read %s: %w", queue, err)
 	}
-	defer func() { _ = ch.Close() }()
-	// amqp091-go's consume takes no context: closing the channel is what
+	// RabbitMQ 3.10 keeps counting a stream consumer whose channel closes
+	// without cancelling it, until the connection closes: one more for every
+	// read. A read cancels its consumers, then closes its channel.
+	afterTag, msgsTag := nextReaderTag(), nextReaderTag()
+	end := sync.OnceFunc(func() {
+		_ = ch.Cancel(msgsTag, false)
+		_ = ch.Cancel(afterTag, false)
+		_ = ch.Close()
+	})
+	defer endBounded(end, queue)
+	// amqp091-go's consume takes no context: ending the channel is what
 	// ends a call the broker does not answer.
-	stop := context.AfterFunc(ctx, func() { _ = ch.Close() })
+	stop := context.AfterFunc(ctx, end)
 	defer stop()
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	if err := ch.Qos(streamPrefetch, 0, false); err != nil {
 		return fmt.Errorf("read %s: %w", queue, err)
 	}
-	after, err := ch.Consume(queue, "", false, false, false, false, amqp.Table{streamOffsetArg: "next"})
+	after, err := ch.Consume(queue, afterTag, false, false, false, false, amqp.Table{streamOffsetArg: "next"})
 	if err != nil {
 		return fmt.Errorf("read %s: %w", queue, explainStream(err))
 	}
-	msgs, err := ch.Consume(queue, "", false, false, false, false, amqp.Table{streamOffsetArg: from})
+	msgs, err := ch.Consume(queue, msgsTag, false, false, false, false, amqp.Table{streamOffsetArg: from})
 	if err != nil {
 		return fmt.Errorf("read %s from %v: %w", queue, from, explainStream(err))
 	}
@@ -131,6 +143,36 @@ func ReadStream(ctx context.Context, conn *amqp.Connection, queue string, from a
 		case <-quiet.C:
 			return nil
 		}
+	}
+}
+
+// readerTags numbers stream readers' consumer tags, which a read needs to
+// cancel its consumers.
+var readerTags atomic.Uint64
+
+func nextReaderTag() string { return fmt.Sprintf("handoff-stream-reader-%d", readerTags.Add(1)) }
+
+// streamCloseWait bounds how long a stream read waits for the broker to
+// confirm the end of its consumers and channel.
+const streamCloseWait = 5 * time.Second
+
+// endBounded runs end (cancel the reader's consumers, close its channel),
+// waiting at most streamCloseWait for it. Under load a broker has been seen
+// to leave such a close unanswered for good: the read must still return
+// (its caller may hold what others wait for), and the close goes on
+// waiting in the background until the connection ends.
+func endBounded(end func(), queue string) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		end()
+	}()
+	t := time.NewTimer(streamCloseWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		slog.Warn("rabbitmq: a stream reader's close is not confirmed; leaving it to the connection", "queue", queue, "waited", streamCloseWait)
 	}
 }
 
