@@ -178,6 +178,9 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 	} else {
 		log.Info("journal opened", "path", cfg.Journal.Path, "sync", syncMode)
 	}
+	// The replica's name in the dead-letter ledger (a replay's runner) and
+	// in its Kafka group members' ids.
+	log.Info("replica", "instance_id", jr.InstanceID())
 
 	var (
 		sources []source

@@ -42,9 +42,13 @@ type Caught struct {
 // DLQ entry written before it, so reading in this order finds the entry of
 // every record read, but for one appended between the two reads.
 func (x *Index) CatchUp(ctx context.Context, src Source) (Caught, error) {
-	x.catchUp.Lock()
-	defer x.catchUp.Unlock()
 	var c Caught
+	select {
+	case x.catchUp <- struct{}{}:
+		defer func() { <-x.catchUp }()
+	case <-ctx.Done():
+		return c, ctx.Err()
+	}
 	first, err := src.DLQ.First(ctx)
 	if err != nil {
 		return c, fmt.Errorf("first offsets of %s: %w", src.DLQ.Name(), err)

@@ -49,18 +49,27 @@
 // open dead letters below the DLQ's first offset, logging and counting each.
 // List, Get and Counts read the index alone.
 //
-// # What plugs in later
+// # Replays
 //
-// A replay runner selects approved letters with List, publishes each copy
-// (original or Approval().Repair body, same event id, a new replay id),
-// and records Replay once the publish is confirmed; its run and heartbeat
-// are records of new kinds in the same ledger, which this version skips.
-// The replica that handles a replayed copy (it carries handoff-replay-id)
-// applies Complete, or FailReplay with the new dead letter as successor.
-// The admin API's list, show, approve and terminate are List, Get (plus
-// Message, which reads the DLQ at the letter's position for the body) and
-// Apply; the CLI goes through the admin API. Counts feeds the open-count
-// and oldest-open-age metrics.
+// A Manager keeps the index caught up (every ManagerOptions.Poll) and
+// answers the admin API: List, Get, Message, Counts, Apply (approve,
+// terminate), and replay runs. A run is a record of kind "run" in the same
+// ledger (RunRecord): created with its selection resolved to ids, held by
+// the replica that created it, kept by heartbeats and taken over by another
+// replica when they stop for longer than the run's TTL, ended or cancelled
+// — every replica derives the same run from the ledger's order. Its runner
+// publishes each selected letter's copy (the approval's repaired body, or
+// the original) to the source with the same event id, the run's replay id
+// and the letter's id (handoff-replay-of), and appends Replay once the
+// broker confirmed the copy; it publishes the sample first and waits for
+// its outcomes, stops when the failure ratio of known outcomes passes the
+// run's threshold, and waits while Pressure says the app is pressed.
+// Progress is read from the selected letters' histories, never stored.
+//
+// The replica whose engine handles a replayed copy records Complete before
+// the copy's ack (Manager.Handled); a copy that fails again becomes a new
+// dead letter naming the one it replays, and every reader derives the
+// FailReplay from that entry, as it derives Expire from retention.
 //
 // # Caveats
 //
@@ -71,8 +80,10 @@
 // spell, see rabbitmq.ReadStream) can make a record that was applied look
 // lost: the next CatchUp shows the truth. A dead letter expired while
 // Replaying stays Expired even if its replayed copy's outcome arrives later.
-// A RabbitMQ stream gives an AMQP 0.9.1 reader no time of its own and a
-// dead-letter copy keeps its original's timestamp property, so a RabbitMQ
-// dead letter is dated when an index first reads it: right while the
-// sidecar runs, late for one read by an index rebuilt afterwards.
+// A RabbitMQ stream gives an AMQP 0.9.1 reader no time of its own: a
+// dead letter is dated by its copy's handoff-dead-lettered-at header, and
+// one written by an older sidecar without it when an index first reads it.
+// A runner that dies between a copy's confirm and its Replay record leaves
+// a copy the ledger does not know; the replica taking the run over
+// publishes that letter again (same event id and replay id).
 package deadletter

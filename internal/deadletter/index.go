@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -49,7 +48,9 @@ type Index struct {
 	// catchUp serialises CatchUps: two at once would read the same logs
 	// for nothing. (What is applied is safe either way: each batch applies
 	// only entries past the offsets it finds stored.)
-	catchUp sync.Mutex
+	// It is a semaphore, not a mutex, so that a caller waiting for it can
+	// give up with its context.
+	catchUp chan struct{}
 }
 
 // Open opens or creates the index file at path (by convention the journal's
@@ -66,7 +67,7 @@ func Open(path string, o Options) (*Index, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open dead-letter index %s: %w", path, err)
 	}
-	x := &Index{db: db, log: o.Logger, now: o.Now}
+	x := &Index{db: db, log: o.Logger, now: o.Now, catchUp: make(chan struct{}, 1)}
 	if err := db.Update(x.prepare); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("open dead-letter index %s: %w", path, err)

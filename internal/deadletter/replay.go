@@ -63,6 +63,9 @@ const (
 	RunStopped RunState = "stopped"
 	// RunCancelled: cancelled by hand.
 	RunCancelled RunState = "cancelled"
+	// RunDryRun is the state of a dry run's answer: nothing was recorded,
+	// and no run has its id.
+	RunDryRun RunState = "dry-run"
 )
 
 // Run is a replay run as every replica derives it from the ledger.
@@ -117,7 +120,8 @@ type Progress struct {
 	Handled int
 	// Failed: the replayed copy became a new dead letter.
 	Failed int
-	// Remaining: still to publish.
+	// Remaining: still approved and not published: to publish while the
+	// run runs; left unpublished once it ended (a later run may take them).
 	Remaining int
 	// Skipped: not to be published: closed, or not approved when the run
 	// reached it.
@@ -142,19 +146,20 @@ func (m *Manager) CreateReplay(ctx context.Context, r ReplayRequest) (Run, error
 	now := m.now().UTC()
 	run := Run{ID: newReplayID(now), Source: src.Name, State: RunRunning, CreatedBy: r.Who, CreatedAt: now, Why: r.Why, Spec: spec}
 	if r.DryRun {
-		run.DryRun = true
+		run.DryRun, run.State = true, RunDryRun
 		run.Progress = Progress{Selected: len(spec.IDs), Remaining: len(spec.IDs),
 			ETA: time.Duration(float64(len(spec.IDs)) / spec.Rate * float64(time.Second))}
 		return run, nil
 	}
-	rec := RunRecord{Version: RecordVersion, Kind: KindRun, Run: run.ID, Op: OpCreate, Who: r.Who, At: now, Why: r.Why, Spec: &spec}
-	if _, err := m.appendRun(ctx, src, rec); err != nil {
+	// Held by this replica from its first record: no other claims it
+	// before this one starts.
+	rec := RunRecord{Version: RecordVersion, Kind: KindRun, Run: run.ID, Op: OpCreate, Who: r.Who, At: now, Why: r.Why,
+		Spec: &spec, Runner: m.o.Replica}
+	created, err := m.appendRun(ctx, src, rec)
+	if err != nil {
 		return Run{}, err
 	}
-	// Claimed at once, so that no other replica starts it first.
-	if err := m.claim(ctx, src, run.ID); err != nil {
-		m.log.Warn("replay created; claiming it failed, another replica will take it over", "replay", run.ID, "err", err)
-	}
+	m.start(src, created)
 	return m.o.Index.Run(run.ID)
 }
 
@@ -227,6 +232,9 @@ func (m *Manager) resolve(r ReplayRequest) (RunSpec, *ManagedSource, error) {
 		f := r.Filter
 		if len(f.States) == 0 {
 			f.States = []State{Approved}
+			if r.Force {
+				f.States = append(f.States, Pending)
+			}
 		}
 		for _, st := range f.States {
 			if st != Approved && !(st == Pending && r.Force) {
@@ -324,19 +332,25 @@ func (m *Manager) claim(ctx context.Context, src *ManagedSource, id string) erro
 	if err != nil {
 		return err
 	}
+	m.start(src, run)
+	return nil
+}
+
+// start drives run on this replica when the ledger says this replica holds
+// it and no runner of this replica drives it yet.
+func (m *Manager) start(src *ManagedSource, run Run) {
 	if run.Ended() || run.Runner != m.o.Replica {
-		return nil
+		return
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if _, ok := m.running[id]; ok || m.ctx == nil {
-		return nil
+	if _, ok := m.running[run.ID]; ok || m.ctx == nil {
+		return
 	}
-	r := &runner{m: m, src: src, id: id, done: make(chan struct{})}
-	m.running[id] = r
-	m.log.Info("driving replay", "replay", id, "source", src.Name, "selected", len(run.Spec.IDs))
+	r := &runner{m: m, src: src, id: run.ID, done: make(chan struct{})}
+	m.running[run.ID] = r
+	m.log.Info("driving replay", "replay", run.ID, "source", src.Name, "selected", len(run.Spec.IDs))
 	go r.drive(m.ctx)
-	return nil
 }
 
 // recordBound bounds how long recording a handled replayed copy's outcome

@@ -201,7 +201,7 @@ func TestReplayStopsWhenTheSampleFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	run = waitRun(t, m, run.ID)
-	if run.State != RunStopped || run.Progress.Failed != 3 || run.Progress.Published != 3 || run.Progress.Skipped != 7 {
+	if run.State != RunStopped || run.Progress.Failed != 3 || run.Progress.Published != 3 || run.Progress.Remaining != 7 {
 		t.Fatalf("run %+v", run)
 	}
 	if len(f.app.got()) != 3 {

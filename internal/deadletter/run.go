@@ -46,6 +46,10 @@ type RunRecord struct {
 	Nonce string    `json:"nonce,omitempty"`
 	// Spec on OpCreate.
 	Spec *RunSpec `json:"spec,omitempty"`
+	// Runner, on OpCreate, is the replica that created the run: it holds
+	// the run from its first record, so that no other replica claims it
+	// between the creation and the creator's first heartbeat.
+	Runner string `json:"runner,omitempty"`
 	// State on OpEnd: RunCompleted or RunStopped.
 	State RunState `json:"state,omitempty"`
 	// Paused on OpHeartbeat: the runner waits for the app, Why says for
@@ -110,8 +114,11 @@ func (r *RunRecord) check() error {
 	default:
 		return bad("op %.64q", r.Op)
 	}
-	if r.Op != OpCreate && r.Spec != nil {
-		return bad("a spec on %s", r.Op)
+	if r.Op != OpCreate && (r.Spec != nil || r.Runner != "") {
+		return bad("a spec or a runner on %s", r.Op)
+	}
+	if len(r.Runner) > MaxWhoLen {
+		return bad("runner of %d bytes", len(r.Runner))
 	}
 	if r.Op != OpEnd && r.State != "" {
 		return bad("a state on %s", r.Op)
@@ -160,6 +167,9 @@ func applyRun(tx *bolt.Tx, source string, r *RunRecord) (bool, error) {
 			return false, nil // a replay id names one run
 		}
 		run = Run{ID: r.Run, Source: source, State: RunRunning, CreatedBy: r.Who, CreatedAt: r.At.UTC(), Why: r.Why, Spec: *r.Spec}
+		if r.Runner != "" {
+			run.Runner, run.HeartbeatAt = r.Runner, r.At.UTC()
+		}
 	case OpHeartbeat:
 		if v == nil || run.Ended() {
 			return false, nil
@@ -262,7 +272,7 @@ func progress(tx *bolt.Tx, run *Run) error {
 					last = st.at
 				}
 			}
-		case ok && !run.Ended() && run.replayable(&l):
+		case ok && run.replayable(&l):
 			p.Remaining++
 		default:
 			p.Skipped++
@@ -271,7 +281,7 @@ func progress(tx *bolt.Tx, run *Run) error {
 	if p.Published > 1 && last.After(first) {
 		p.Rate = float64(p.Published-1) / last.Sub(first).Seconds()
 	}
-	if p.Remaining > 0 {
+	if p.Remaining > 0 && !run.Ended() {
 		p.ETA = time.Duration(float64(p.Remaining) / run.Spec.Rate * float64(time.Second))
 	}
 	run.Progress = p

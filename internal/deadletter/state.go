@@ -64,7 +64,8 @@ const (
 	Complete Transition = "complete"
 	// FailReplay records that the replayed copy became a new dead letter.
 	FailReplay Transition = "fail-replay"
-	// Terminate closes a dead letter by hand.
+	// Terminate closes a dead letter by hand: pending, approved, or
+	// replaying with no outcome recorded.
 	Terminate Transition = "terminate"
 	// Expire records that retention removed an open dead letter. Each
 	// replica derives it from the DLQ's first offset; it is never written to
@@ -133,9 +134,14 @@ var legal = map[State]map[Transition]State{
 		Terminate:  Terminated,
 		Expire:     Expired,
 	},
+	// A replaying letter may be terminated: when its copy's outcome was
+	// never recorded (the replica that handled it could not reach the
+	// ledger), the operator closes it after checking with the app, rather
+	// than wait for retention to expire it.
 	Replaying: {
 		Complete:   Done,
 		FailReplay: FailedReplay,
+		Terminate:  Terminated,
 		Expire:     Expired,
 	},
 }

@@ -10,7 +10,7 @@ func TestDecideEveryPair(t *testing.T) {
 	want := map[State]map[Transition]State{
 		Pending:   {Approve: Approved, Terminate: Terminated, Expire: Expired},
 		Approved:  {Approve: Approved, Replay: Replaying, Complete: Done, FailReplay: FailedReplay, Terminate: Terminated, Expire: Expired},
-		Replaying: {Complete: Done, FailReplay: FailedReplay, Expire: Expired},
+		Replaying: {Complete: Done, FailReplay: FailedReplay, Terminate: Terminated, Expire: Expired},
 	}
 	for _, from := range append(States, State("bogus")) {
 		for _, tr := range append(Transitions, Transition("bogus")) {
