@@ -163,15 +163,22 @@ func TestReplayPublishesApprovedAtItsRate(t *testing.T) {
 	if len(got) != 10 {
 		t.Fatalf("%d copies published, want 10", len(got))
 	}
-	for i, c := range got {
-		if c.trail[broker.HeaderReplayID] != run.ID || c.trail[broker.HeaderReplayOf] != f.ids[i].String() ||
-			c.trail[broker.HeaderEventID] != fmt.Sprint("ev-", i) || c.body != `{"amount":"invalid"}` {
-			t.Fatalf("copy %d: %+v", i, c)
+	// Publishes overlap (each waits for its confirm while the next starts):
+	// the copies are matched by the dead letter they replay.
+	byLetter := map[string]replayed{}
+	for _, c := range got {
+		byLetter[c.trail[broker.HeaderReplayOf]] = c
+	}
+	for i, id := range f.ids[:10] {
+		c, ok := byLetter[id.String()]
+		if !ok || c.trail[broker.HeaderReplayID] != run.ID || c.trail[broker.HeaderEventID] != fmt.Sprint("ev-", i) || c.body != `{"amount":"invalid"}` {
+			t.Fatalf("copy of %s: %+v", id, c)
 		}
 	}
-	// After the sample, the rest go at the run's rate: 40/s.
+	// After the sample, the rest go at the run's rate: 40/s (a delayed
+	// publish may catch up one slot).
 	rest := got[3:]
-	if span := rest[len(rest)-1].at.Sub(rest[0].at); span < time.Duration(len(rest)-1)*25*time.Millisecond*9/10 {
+	if span := rest[len(rest)-1].at.Sub(rest[0].at); span < time.Duration(len(rest)-2)*25*time.Millisecond*9/10 {
 		t.Fatalf("%d copies in %v: faster than 40/s", len(rest), span)
 	}
 	c, _ := m.Counts("orders")
@@ -293,7 +300,7 @@ func TestReplayPausesUnderPressureAndCancels(t *testing.T) {
 	pressure := "app overloaded"
 	m, _ := f.manager(t, "replica-a", f.x, func() string { mu.Lock(); defer mu.Unlock(); return pressure })
 	f.approve(t, m, f.ids, nil)
-	run, err := m.CreateReplay(context.Background(), ReplayRequest{IDs: f.ids, Rate: 1000, BatchSize: 2, Who: "alice"})
+	run, err := m.CreateReplay(context.Background(), ReplayRequest{IDs: f.ids, Rate: 50, BatchSize: 2, Who: "alice"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	"golang.org/x/time/rate"
 
 	"handoff.dev/handoff/internal/broker"
@@ -205,17 +206,24 @@ func (r *runner) publish(ctx context.Context, ids []ID, lim *rate.Limiter) error
 	if err != nil {
 		return err
 	}
+	// Publishes start on the rate's schedule and wait for their confirms
+	// concurrently, up to a batch at once: the rate does not slow down
+	// with the broker's round trips.
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(run.Spec.BatchSize)
+	var mu sync.Mutex
 	var last string // the nonce of the last record appended
 	for _, l := range todo {
 		// Waited for first, so that a cancel that came meanwhile is seen.
-		if err := r.wait(ctx); err != nil {
-			return err
+		if err := r.wait(gctx); err != nil {
+			break
 		}
-		if err := lim.Wait(ctx); err != nil {
-			return err
+		if err := lim.Wait(gctx); err != nil {
+			break
 		}
 		run, err := r.current()
 		if err != nil {
+			_ = g.Wait()
 			return err
 		}
 		msg := msgs[l.ID]
@@ -223,13 +231,21 @@ func (r *runner) publish(ctx context.Context, ids []ID, lim *rate.Limiter) error
 			r.m.log.Warn("replay: the dead letter's entry is gone from its log; skipped", "replay", r.id, "id", l.ID.String())
 			continue
 		}
-		nonce, err := r.replayOne(ctx, &run, l, msg)
-		if err != nil {
+		g.Go(func() error {
+			nonce, err := r.replayOne(gctx, &run, l, msg)
+			if err == nil && nonce != "" {
+				mu.Lock()
+				last = nonce
+				mu.Unlock()
+			}
 			return err
-		}
-		if nonce != "" {
-			last = nonce
-		}
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
 	}
 	if last == "" {
 		return nil
