@@ -212,8 +212,12 @@ func writeSummary(w io.Writer, r *adminv1.Replay) {
 	fmt.Fprintln(w)
 	p := r.GetProgress()
 	fmt.Fprintf(w, "  published %d of %d, handled %d, failed %d, skipped %d", p.GetPublished(), p.GetSelected(), p.GetHandled(), p.GetFailed(), p.GetSkipped())
-	if p.GetRemaining() > 0 {
+	switch {
+	case p.GetRemaining() > 0 && r.GetState() == "running":
 		fmt.Fprintf(w, ", remaining %d", p.GetRemaining())
+	case p.GetRemaining() > 0:
+		// Their state is unchanged: a later run may take them.
+		fmt.Fprintf(w, ", %d left unpublished", p.GetRemaining())
 	}
 	fmt.Fprintln(w)
 }

@@ -302,7 +302,7 @@ func TestReplayCancel(t *testing.T) {
 		t.Fatalf("replay start: %v\n%s", err, errOut)
 	}
 	out, _, err := dlqRun(t, append([]string{"replay", "cancel", "r1", "--reason", "wrong one", "--operator", "di"}, conn...)...)
-	if err != nil || out != "replay r1 cancelled: cancelled by ops/di: wrong one\n  published 0 of 1, handled 0, failed 0, skipped 0, remaining 1\n" {
+	if err != nil || out != "replay r1 cancelled: cancelled by ops/di: wrong one\n  published 0 of 1, handled 0, failed 0, skipped 0, 1 left unpublished\n" {
 		t.Errorf("replay cancel: %v\n%s", err, out)
 	}
 	out, _, err = dlqRun(t, append([]string{"replay", "status", "r1", "--follow"}, conn...)...)
