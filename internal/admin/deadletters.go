@@ -4,14 +4,13 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"unicode"
-	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
 
 	adminv1 "handoff.dev/handoff/api/admin/v1"
 	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/config"
 	"handoff.dev/handoff/internal/deadletter"
 )
 
@@ -74,24 +73,10 @@ func (s *service) who(operator string) (string, error) {
 	if operator == "" {
 		return s.o.TokenName, nil
 	}
-	if len(operator) > MaxOperatorLen || !printable(operator) {
+	if len(operator) > MaxOperatorLen || !config.Printable(operator) {
 		return "", grpcstatus.Errorf(codes.InvalidArgument, "operator: want at most %d bytes of printable text", MaxOperatorLen)
 	}
 	return s.o.TokenName + "/" + operator, nil
-}
-
-// printable reports whether s is valid UTF-8 of printable characters
-// (spaces included, control characters not): a name a ledger shows.
-func printable(s string) bool {
-	if !utf8.ValidString(s) {
-		return false
-	}
-	for _, r := range s {
-		if !unicode.IsPrint(r) {
-			return false
-		}
-	}
-	return true
 }
 
 // why checks a reason given with a change: required where the change needs
@@ -283,7 +268,7 @@ func repairOf(req *adminv1.ApproveDeadLetterRequest) (*deadletter.Repair, error)
 		return nil, nil
 	case len(body) > deadletter.MaxRepairBody:
 		return nil, grpcstatus.Errorf(codes.InvalidArgument, "repair_body: %d bytes, at most %d", len(body), deadletter.MaxRepairBody)
-	case len(ct) > maxContentType || !printable(ct):
+	case len(ct) > maxContentType || !config.Printable(ct):
 		return nil, grpcstatus.Errorf(codes.InvalidArgument, "repair_content_type: want at most %d bytes of printable text", maxContentType)
 	}
 	if err := why("repair_note", note, false); err != nil {
