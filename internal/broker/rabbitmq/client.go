@@ -52,6 +52,10 @@ type Client struct {
 	wg sync.WaitGroup // consumer-channel watchers
 
 	finding chan struct{} // slots for reading the dead-letter stream back (FindCopy)
+
+	readerMu      sync.Mutex
+	reader        *amqp.Connection // the dead-letter logs' reads (readerConn)
+	readerStopped bool
 }
 
 // NewClient returns a client; Run connects it.
@@ -82,6 +86,7 @@ func NewClient(o Options) *Client {
 // broker, and returns nil. Cancel ctx only after in-flight deliveries are
 // settled.
 func (c *Client) Run(ctx context.Context) error {
+	defer c.closeReader()
 	backoff := c.opts.MinBackoff
 	for {
 		s, err := c.connect(ctx)

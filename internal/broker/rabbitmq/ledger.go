@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/redact"
 )
 
 // LedgerQueue is the dead-letter ledger stream of q: the log of the dead
@@ -54,7 +55,8 @@ func (t Topology) declareLedger(conn *amqp.Connection) error {
 // StreamLog is one stream of the client's source read from offsets, and
 // appended to with confirms: the dead-letter stream or its ledger. A stream
 // has no partitions: its one is -1. It is safe for concurrent use; it needs
-// the client running, and waits for its connection.
+// the client running, and waits for its connection. It reads on a
+// connection of its own (readerConn).
 type StreamLog struct {
 	c     *Client
 	queue string
@@ -80,12 +82,12 @@ func (l *StreamLog) Name() string { return l.queue }
 // AMQP 0.9.1 does not say it: it is the offset of the first message a reader
 // from "first" gets.
 func (l *StreamLog) First(ctx context.Context) (map[int32]int64, error) {
-	s, err := l.c.await(ctx)
+	conn, err := l.c.readerConn(ctx)
 	if err != nil {
 		return nil, err
 	}
 	out := map[int32]int64{}
-	err = ReadStream(ctx, s.conn, l.queue, "first", func(d *amqp.Delivery) bool {
+	err = ReadStream(ctx, conn, l.queue, "first", func(d *amqp.Delivery) bool {
 		if off := streamOffset(d); off >= 0 {
 			out[noPartition] = off
 		}
@@ -102,7 +104,7 @@ func (l *StreamLog) First(ctx context.Context) (map[int32]int64, error) {
 // broker stored the message's chunk when the broker says so, else the
 // message's timestamp property.
 func (l *StreamLog) Read(ctx context.Context, from map[int32]int64, each func(partition int32, offset int64, at time.Time, m *broker.Message) error) error {
-	s, err := l.c.await(ctx)
+	conn, err := l.c.readerConn(ctx)
 	if err != nil {
 		return err
 	}
@@ -111,7 +113,7 @@ func (l *StreamLog) Read(ctx context.Context, from map[int32]int64, each func(pa
 		start = off
 	}
 	var failed error
-	err = ReadStream(ctx, s.conn, l.queue, start, func(d *amqp.Delivery) bool {
+	err = ReadStream(ctx, conn, l.queue, start, func(d *amqp.Delivery) bool {
 		off := streamOffset(d)
 		if off < 0 {
 			return true
@@ -146,4 +148,46 @@ func (l *StreamLog) Append(ctx context.Context, body []byte) error {
 		DeliveryMode: amqp.Persistent,
 		Timestamp:    time.Now(),
 	})
+}
+
+// readerConn returns the connection the dead-letter logs are read on, dialed
+// once the client's own connection is up (its topology declared) and again
+// after it is lost. It is not the connection that consumes and acks: a
+// RabbitMQ 3.10 stream deleted under a reader fails the reader's whole
+// connection (541 INTERNAL_ERROR), which must not hand back every delivery
+// in flight and declare the topology again.
+func (c *Client) readerConn(ctx context.Context) (*amqp.Connection, error) {
+	if _, err := c.await(ctx); err != nil {
+		return nil, err
+	}
+	c.readerMu.Lock()
+	defer c.readerMu.Unlock()
+	if c.reader != nil && !c.reader.IsClosed() {
+		return c.reader, nil
+	}
+	if c.readerStopped {
+		return nil, ErrNotConnected
+	}
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName("handoff " + c.opts.Name + " dead-letter logs")
+	conn, err := amqp.DialConfig(c.opts.URL, amqp.Config{
+		Heartbeat:  10 * time.Second,
+		Properties: props,
+		Dial:       amqp.DefaultDial(5 * time.Second),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dial for the dead-letter logs: %w", redact.Error(err))
+	}
+	c.reader = conn
+	return conn, nil
+}
+
+// closeReader closes the readers' connection for good: Run has ended.
+func (c *Client) closeReader() {
+	c.readerMu.Lock()
+	defer c.readerMu.Unlock()
+	c.readerStopped = true
+	if c.reader != nil {
+		_ = c.reader.Close()
+	}
 }

@@ -50,11 +50,26 @@ func ReadStream(ctx context.Context, conn *amqp.Connection, queue string, from a
 	}
 	// RabbitMQ 3.10 keeps counting a stream consumer whose channel closes
 	// without cancelling it, until the connection closes: one more for every
-	// read. A read cancels its consumers, then closes its channel.
+	// read. A read cancels its consumers, then closes its channel — only
+	// consumers that exist: cancelling one the broker already cancelled (its
+	// stream was deleted) fails the whole connection (541 INTERNAL_ERROR).
 	afterTag, msgsTag := nextReaderTag(), nextReaderTag()
+	var live sync.Map // consumer tag → true while it may be cancelled
+	gone := ch.NotifyCancel(make(chan string, 2))
 	end := sync.OnceFunc(func() {
-		_ = ch.Cancel(msgsTag, false)
-		_ = ch.Cancel(afterTag, false)
+		for drained := false; !drained; {
+			select {
+			case tag := <-gone:
+				live.Delete(tag)
+			default:
+				drained = true
+			}
+		}
+		for _, tag := range []string{msgsTag, afterTag} {
+			if _, ok := live.Load(tag); ok {
+				_ = ch.Cancel(tag, false)
+			}
+		}
 		_ = ch.Close()
 	})
 	defer endBounded(end, queue)
@@ -70,10 +85,12 @@ func ReadStream(ctx context.Context, conn *amqp.Connection, queue string, from a
 	if err != nil {
 		return fmt.Errorf("read %s: %w", queue, explainStream(err))
 	}
+	live.Store(afterTag, true)
 	msgs, err := ch.Consume(queue, msgsTag, false, false, false, false, amqp.Table{streamOffsetArg: from})
 	if err != nil {
 		return fmt.Errorf("read %s from %v: %w", queue, from, explainStream(err))
 	}
+	live.Store(msgsTag, true)
 	var (
 		bound          int64 = -1 // offset of the first message appended after the start
 		next           int64 = -1 // offset after the last message read
@@ -93,7 +110,7 @@ func ReadStream(ctx context.Context, conn *amqp.Connection, queue string, from a
 	}
 	quiet := time.NewTimer(streamQuiet)
 	defer quiet.Stop()
-	gone := func(err *amqp.Error) error {
+	closedErr := func(err *amqp.Error) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -115,10 +132,11 @@ func ReadStream(ctx context.Context, conn *amqp.Connection, queue string, from a
 		case <-ctx.Done():
 			return ctx.Err()
 		case err := <-closed:
-			return gone(err)
+			return closedErr(err)
 		case d, ok := <-after:
 			if !ok {
-				return gone(nil)
+				live.Delete(afterTag)
+				return closedErr(nil)
 			}
 			credit(d.DeliveryTag)
 			if bound < 0 {
@@ -129,7 +147,8 @@ func ReadStream(ctx context.Context, conn *amqp.Connection, queue string, from a
 			}
 		case d, ok := <-msgs:
 			if !ok {
-				return gone(nil)
+				live.Delete(msgsTag)
+				return closedErr(nil)
 			}
 			credit(d.DeliveryTag)
 			next = streamOffset(&d) + 1
