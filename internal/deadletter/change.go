@@ -36,29 +36,9 @@ type Change struct {
 // know the letter or refuses the change: the ledger's order decides in the
 // end, so a stale view costs at most a refused record, never a wrong state.
 func (x *Index) Apply(ctx context.Context, src Source, c Change) (Letter, error) {
-	if c.ID.Log != src.DLQ.Name() {
-		return Letter{}, fmt.Errorf("%w: %s is not in %s", ErrNotFound, c.ID, src.DLQ.Name())
-	}
-	if c.Transition == Expire {
-		return Letter{}, &IllegalError{From: "", Transition: c.Transition}
-	}
-	l, to, err := x.decide(c)
+	l, r, err := x.record(ctx, src, c)
 	if err != nil {
-		// Read what others appended, and decide again on that.
-		if _, cerr := x.CatchUp(ctx, src); cerr != nil {
-			return Letter{}, cerr
-		}
-		if l, to, err = x.decide(c); err != nil {
-			return l, err
-		}
-	}
-	r := Record{
-		Version: RecordVersion, Kind: KindTransition, ID: c.ID.String(),
-		Transition: c.Transition, State: to, Who: c.Who, At: x.now().UTC(), Why: c.Why,
-		Nonce: newNonce(), Repair: c.Repair, ReplayID: c.ReplayID,
-	}
-	if c.Transition == FailReplay {
-		r.Successor = c.Successor.String()
+		return l, err
 	}
 	body, err := r.Encode()
 	if err != nil {
@@ -76,6 +56,57 @@ func (x *Index) Apply(ctx context.Context, src Source, c Change) (Letter, error)
 		}
 	}
 	return l, fmt.Errorf("%w: %s is %s", ErrLost, c.ID, l.State)
+}
+
+// AppendOnly records c in src's ledger as Apply does, and returns once the
+// broker confirmed the record, without reading it back: for a writer that
+// does not need the outcome of the ledger's order at once (a handled
+// replayed copy's Complete, waited for by its ack). The index reads the
+// record with its next catch-up.
+func (x *Index) AppendOnly(ctx context.Context, src Source, c Change) error {
+	_, r, err := x.record(ctx, src, c)
+	if err != nil {
+		return err
+	}
+	body, err := r.Encode()
+	if err != nil {
+		return err
+	}
+	if err := src.Ledger.Append(ctx, body); err != nil {
+		return fmt.Errorf("append to %s: %w", src.Ledger.Name(), err)
+	}
+	return nil
+}
+
+// record decides c on the index's view, reading the logs first only when
+// the index does not know the letter or refuses the change, and returns
+// the record to append.
+func (x *Index) record(ctx context.Context, src Source, c Change) (Letter, Record, error) {
+	if c.ID.Log != src.DLQ.Name() {
+		return Letter{}, Record{}, fmt.Errorf("%w: %s is not in %s", ErrNotFound, c.ID, src.DLQ.Name())
+	}
+	if c.Transition == Expire {
+		return Letter{}, Record{}, &IllegalError{From: "", Transition: c.Transition}
+	}
+	l, to, err := x.decide(c)
+	if err != nil {
+		// Read what others appended, and decide again on that.
+		if _, cerr := x.CatchUp(ctx, src); cerr != nil {
+			return Letter{}, Record{}, cerr
+		}
+		if l, to, err = x.decide(c); err != nil {
+			return l, Record{}, err
+		}
+	}
+	r := Record{
+		Version: RecordVersion, Kind: KindTransition, ID: c.ID.String(),
+		Transition: c.Transition, State: to, Who: c.Who, At: x.now().UTC(), Why: c.Why,
+		Nonce: newNonce(), Repair: c.Repair, ReplayID: c.ReplayID,
+	}
+	if c.Transition == FailReplay {
+		r.Successor = c.Successor.String()
+	}
+	return l, r, nil
 }
 
 // decide is c's target state on the index's view.

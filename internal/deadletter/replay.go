@@ -389,7 +389,7 @@ func (m *Manager) recordHandled(ctx context.Context, h handled) {
 		return
 	}
 	for try := 0; ; try++ {
-		run, err := m.o.Index.Run(h.trail.ReplayID)
+		run, err := m.o.Index.runOnly(h.trail.ReplayID)
 		if err == nil && slices.Contains(run.Spec.IDs, id.String()) {
 			break
 		}
@@ -403,7 +403,9 @@ func (m *Manager) recordHandled(ctx context.Context, h handled) {
 		}
 	}
 	for try := 0; ctx.Err() == nil; try++ {
-		_, err := m.o.Index.Apply(ctx, src.Source, Change{ID: id, Transition: Complete, Who: m.o.Replica,
+		// Not read back: the ack waits for this, and the record stands or
+		// falls by the ledger's order whoever reads it.
+		err := m.o.Index.AppendOnly(ctx, src.Source, Change{ID: id, Transition: Complete, Who: m.o.Replica,
 			Why: "the app handled the replayed copy", ReplayID: h.trail.ReplayID})
 		switch {
 		case err == nil:

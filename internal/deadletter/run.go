@@ -218,6 +218,20 @@ func (x *Index) Run(id string) (Run, error) {
 	return run, err
 }
 
+// runOnly returns a run as the index holds it, without its progress: for
+// a runner's checks between two publishes, which must stay cheap.
+func (x *Index) runOnly(id string) (Run, error) {
+	var run Run
+	err := x.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketRuns).Get([]byte(id))
+		if v == nil {
+			return fmt.Errorf("%w: %q", ErrNoRun, id)
+		}
+		return json.Unmarshal(v, &run)
+	})
+	return run, err
+}
+
 // Runs returns the runs of source (every source when empty), newest first.
 func (x *Index) Runs(source string) ([]Run, error) {
 	var runs []Run

@@ -144,7 +144,7 @@ func (r *runner) run(ctx context.Context) (RunState, string, error) {
 		if err := r.publish(ctx, batch, lim); err != nil {
 			return "", "", err
 		}
-		run, err := r.current()
+		run, err := r.withProgress()
 		if err != nil {
 			return "", "", err
 		}
@@ -154,17 +154,26 @@ func (r *runner) run(ctx context.Context) (RunState, string, error) {
 				p.Failed, known, float64(p.Failed)/float64(known), spec.StopFailureRatio, p.Remaining), nil
 		}
 	}
-	run, err = r.current()
+	run, err = r.withProgress()
 	if err != nil {
 		return "", "", err
 	}
 	return RunCompleted, fmt.Sprintf("%d published, %d skipped", run.Progress.Published, run.Progress.Skipped), nil
 }
 
-// current is the run as the index holds it; errNotRunner when it ended or
-// another replica holds it.
+// withProgress is current with the run's progress, which reads every
+// selected letter: once a batch, not once a publish.
+func (r *runner) withProgress() (Run, error) {
+	if _, err := r.current(); err != nil {
+		return Run{}, err
+	}
+	return r.m.o.Index.Run(r.id)
+}
+
+// current is the run as the index holds it, without its progress;
+// errNotRunner when it ended or another replica holds it.
 func (r *runner) current() (Run, error) {
-	run, err := r.m.o.Index.Run(r.id)
+	run, err := r.m.o.Index.runOnly(r.id)
 	if err != nil {
 		return run, err
 	}
@@ -210,10 +219,19 @@ func (r *runner) publish(ctx context.Context, ids []ID, lim *rate.Limiter) error
 	// concurrently, up to a batch at once: the rate does not slow down
 	// with the broker's round trips.
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(run.Spec.BatchSize)
+	// A slot first, then the app's pressure and the rate: the pressure is
+	// read as late as it can be, after the publishes before have returned.
+	slots := make(chan struct{}, run.Spec.BatchSize)
 	var mu sync.Mutex
 	var last string // the nonce of the last record appended
 	for _, l := range todo {
+		select {
+		case slots <- struct{}{}:
+		case <-gctx.Done():
+		}
+		if gctx.Err() != nil {
+			break
+		}
 		// Waited for first, so that a cancel that came meanwhile is seen.
 		if err := r.wait(gctx); err != nil {
 			break
@@ -228,10 +246,12 @@ func (r *runner) publish(ctx context.Context, ids []ID, lim *rate.Limiter) error
 		}
 		msg := msgs[l.ID]
 		if msg == nil {
+			<-slots
 			r.m.log.Warn("replay: the dead letter's entry is gone from its log; skipped", "replay", r.id, "id", l.ID.String())
 			continue
 		}
 		g.Go(func() error {
+			defer func() { <-slots }()
 			nonce, err := r.replayOne(gctx, &run, l, msg)
 			if err == nil && nonce != "" {
 				mu.Lock()
