@@ -335,6 +335,9 @@ func writeDeadLetter(w io.Writer, d *adminv1.DeadLetter) {
 	if len(d.GetHandoffs()) > 0 {
 		fmt.Fprintln(w, "timeline")
 		writeEvent(indentWriter{w}, &adminv1.Event{Source: d.GetSource(), EventId: d.GetEventId(), Handoffs: d.GetHandoffs()})
+	} else if d.GetEventId() != "" {
+		// The timeline is the journal's, and a journal is one replica's.
+		fmt.Fprintln(w, "timeline       not in this replica's journal: the replica that handled the event has it")
 	}
 }
 
@@ -453,7 +456,7 @@ func dlqChangeCmd(t deadletter.Transition) *cobra.Command {
 				fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", shown(d.GetId()), changeResult(d))
 			}
 			if failed > 0 {
-				return fmt.Errorf("%d of %d dead letters not %s", failed, len(args), pastTense(t))
+				return fmt.Errorf("%d of %s not %s", failed, deadLetters(len(args)), pastTense(t))
 			}
 			return nil
 		},

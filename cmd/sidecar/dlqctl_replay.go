@@ -107,13 +107,13 @@ func replayStartCmd() *cobra.Command {
 // writeStarted says what a start did, or with a dry run would do.
 func writeStarted(w io.Writer, r *adminv1.Replay) {
 	if r.GetDryRun() {
-		fmt.Fprintf(w, "dry run: would replay %d dead letters of %s\n", len(r.GetIds()), shown(r.GetSource()))
+		fmt.Fprintf(w, "dry run: would replay %s of %s\n", deadLetters(len(r.GetIds())), shown(r.GetSource()))
 		for _, id := range r.GetIds() {
 			fmt.Fprintf(w, "  %s\n", shown(id))
 		}
 		return
 	}
-	fmt.Fprintf(w, "replay %s started: %d dead letters of %s, %s\n", shown(r.GetId()), r.GetProgress().GetSelected(), shown(r.GetSource()), replaySettings(r))
+	fmt.Fprintf(w, "replay %s started: %s of %s, %s\n", shown(r.GetId()), deadLetters(int(r.GetProgress().GetSelected())), shown(r.GetSource()), replaySettings(r))
 }
 
 // replaySettings are a replay's rate, batch, sample and stop threshold.
@@ -373,4 +373,12 @@ func replayCancelCmd() *cobra.Command {
 	cmd.Flags().StringVar(&operator, "operator", os.Getenv("USER"), "who is acting, recorded after the token's name")
 	f.add(cmd)
 	return cmd
+}
+
+// deadLetters is "1 dead letter" or "n dead letters".
+func deadLetters(n int) string {
+	if n == 1 {
+		return "1 dead letter"
+	}
+	return fmt.Sprintf("%d dead letters", n)
 }

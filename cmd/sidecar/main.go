@@ -6,6 +6,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
 	"io"
 	"log/slog"
 	"os"
@@ -46,8 +48,18 @@ func main() {
 		code = ee.code
 	}
 	// The last word may quote a URL from the config: never its password.
-	fmt.Fprintln(os.Stderr, "sidecar:", redact.Error(err))
+	fmt.Fprintln(os.Stderr, "sidecar:", redact.Error(plainRPC(err)))
 	os.Exit(code)
+}
+
+// plainRPC words an admin API refusal for a person: its message and its
+// code, not gRPC's "rpc error: code = … desc = …".
+func plainRPC(err error) error {
+	st, ok := grpcstatus.FromError(err)
+	if !ok || st.Code() == codes.OK {
+		return err
+	}
+	return fmt.Errorf("%s (%s)", st.Message(), st.Code())
 }
 
 func rootCmd() *cobra.Command {
