@@ -122,7 +122,13 @@ func (r *runner) run(ctx context.Context) (RunState, string, error) {
 	if spec.Sample > 0 {
 		sample := ids[:min(spec.Sample, len(ids))]
 		rest = ids[len(sample):]
-		if err := r.publish(ctx, sample, lim); err != nil {
+		p := r.prepare(ctx, sample)
+		if p.err != nil {
+			return "", "", p.err
+		}
+		// Read back: waiting for the sample's outcomes needs to know what
+		// was published.
+		if err := r.send(ctx, p, lim, true); err != nil {
 			return "", "", err
 		}
 		known, failed, err := r.awaitOutcomes(ctx, sample, spec.SampleTimeout)
@@ -138,20 +144,33 @@ func (r *runner) run(ctx context.Context) (RunState, string, error) {
 				failed, known, float64(failed)/float64(known), spec.StopFailureRatio), nil
 		}
 	}
+	// Each batch's entries are read while the batch before is published,
+	// so that the rate does not pause between batches.
+	var batches [][]ID
 	for len(rest) > 0 {
-		batch := rest[:min(spec.BatchSize, len(rest))]
-		rest = rest[len(batch):]
-		if err := r.publish(ctx, batch, lim); err != nil {
+		n := min(spec.BatchSize, len(rest))
+		batches, rest = append(batches, rest[:n]), rest[n:]
+	}
+	ahead := r.prepareAsync(ctx, batches, 0)
+	for i := range batches {
+		p := <-ahead
+		if i+1 < len(batches) {
+			ahead = r.prepareAsync(ctx, batches, i+1)
+		}
+		if p.err != nil {
+			return "", "", p.err
+		}
+		if err := r.send(ctx, p, lim, i+1 == len(batches)); err != nil {
 			return "", "", err
 		}
 		run, err := r.withProgress()
 		if err != nil {
 			return "", "", err
 		}
-		p := run.Progress
-		if known := p.Handled + p.Failed; known > 0 && float64(p.Failed)/float64(known) > spec.StopFailureRatio {
+		pr := run.Progress
+		if known := pr.Handled + pr.Failed; known > 0 && float64(pr.Failed)/float64(known) > spec.StopFailureRatio {
 			return RunStopped, fmt.Sprintf("stop threshold passed: %d of %d replayed copies failed again (%.2f > %.2f); %d left unpublished",
-				p.Failed, known, float64(p.Failed)/float64(known), spec.StopFailureRatio, p.Remaining), nil
+				pr.Failed, known, float64(pr.Failed)/float64(known), spec.StopFailureRatio, pr.Remaining), nil
 		}
 	}
 	run, err = r.withProgress()
@@ -183,17 +202,29 @@ func (r *runner) current() (Run, error) {
 	return run, nil
 }
 
-// publish replays the letters of ids that the run may still publish, one
-// at a time at the limiter's rate, each recorded once its publish is
-// confirmed. Their entries are read from the DLQ in one read before, and
-// the ledger is read back once after: the rate is kept by the publishes,
-// not by the reads around them.
-func (r *runner) publish(ctx context.Context, ids []ID, lim *rate.Limiter) error {
+// prepared is a batch ready to publish: the letters the run may still
+// publish, and their DLQ entries.
+type prepared struct {
+	todo []Letter
+	msgs map[ID]*broker.Message
+	err  error
+}
+
+// prepareAsync prepares batches[i] in the background.
+func (r *runner) prepareAsync(ctx context.Context, batches [][]ID, i int) <-chan prepared {
+	out := make(chan prepared, 1)
+	go func() { out <- r.prepare(ctx, batches[i]) }()
+	return out
+}
+
+// prepare selects the letters of ids that the run may still publish and
+// reads their entries from the DLQ in one read.
+func (r *runner) prepare(ctx context.Context, ids []ID) prepared {
 	run, err := r.current()
 	if err != nil {
-		return err
+		return prepared{err: err}
 	}
-	var todo []Letter
+	var p prepared
 	var want []ID
 	for _, id := range ids {
 		l, err := r.m.o.Index.Get(id)
@@ -201,20 +232,32 @@ func (r *runner) publish(ctx context.Context, ids []ID, lim *rate.Limiter) error
 			continue // retention removed it before the index read it: skipped
 		}
 		if err != nil {
-			return err
+			return prepared{err: err}
 		}
 		if !runStep(&l, r.id).published && run.replayable(&l) {
-			todo = append(todo, l)
+			p.todo = append(p.todo, l)
 			want = append(want, id)
 		}
 	}
-	if len(todo) == 0 {
+	if len(p.todo) > 0 {
+		p.msgs, p.err = Messages(ctx, r.src.Source, want)
+	}
+	return p
+}
+
+// send replays a prepared batch, one letter at a time at the limiter's
+// rate, each recorded once its publish is confirmed. With readBack it reads
+// the ledger into the index up to its last record; otherwise the
+// manager's catch-up brings the records.
+func (r *runner) send(ctx context.Context, p prepared, lim *rate.Limiter, readBack bool) error {
+	if len(p.todo) == 0 {
 		return nil
 	}
-	msgs, err := Messages(ctx, r.src.Source, want)
+	run, err := r.current()
 	if err != nil {
 		return err
 	}
+	msgs, todo := p.msgs, p.todo
 	// Publishes start on the rate's schedule and wait for their confirms
 	// concurrently, up to a batch at once: the rate does not slow down
 	// with the broker's round trips.
@@ -267,7 +310,7 @@ func (r *runner) publish(ctx context.Context, ids []ID, lim *rate.Limiter) error
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if last == "" {
+	if last == "" || !readBack {
 		return nil
 	}
 	return r.m.o.Index.catchUpLedger(ctx, r.src.Source, last)
