@@ -155,12 +155,19 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 		return err
 	}
 
+	metrics, err := telemetry.NewMetrics()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = metrics.Shutdown(context.Background()) }()
+
 	syncMode, _ := journal.ParseSyncMode(cfg.Journal.Sync)
 	jr, recovered, err := journal.Open(cfg.Journal.Path, journal.Options{
 		Sync:         syncMode,
 		Retention:    cfg.Journal.Retention.D(),
 		Logger:       log,
 		BeforeCommit: hk.beforeCommit,
+		OnCommit:     metrics.Committed,
 	})
 	if err != nil {
 		return fmt.Errorf("open journal: %w", err)
@@ -255,7 +262,11 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 		Budget:                retryBudget,
 		TrustProducerDeadline: cfg.Retry.TrustProducerDeadline,
 		Replayed:              deadLetters.Handled,
+		Observer:              metrics,
 	})
+	if err := observeEngine(metrics, engine, deadLetters); err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
 	checks = append(checks, telemetry.Check{Name: "app", Ready: engine.Ready})
 
 	// The parts run in one group: the first to fail cancels run, which
@@ -295,7 +306,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 		return part(dlRun, "dead letters", deadLetters.Run)
 	})
 	if cfg.Telemetry.MetricsListen != "" {
-		hs, err := telemetry.Listen(cfg.Telemetry.MetricsListen, checks, log)
+		hs, err := telemetry.Listen(cfg.Telemetry.MetricsListen, checks, metrics.Handler(), log)
 		if err != nil {
 			stopBrokers()
 			stopDeadLetters()

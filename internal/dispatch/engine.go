@@ -50,6 +50,8 @@ type Options struct {
 	// reported (its next hop is). It is called on the hand-off's goroutine
 	// and the ack waits for it: it must return within its own bound.
 	Replayed func(ctx context.Context, route string, t broker.Trail)
+	// Observer is told what the engine does, for metrics; nil tells no one.
+	Observer Observer
 	// Fault, when set, is called at each crash window of a hand-off (see the
 	// Window constants); a non-nil error stops that hand-off right there, as
 	// a crash would, leaving the delivery unsettled. Tests use it.
@@ -86,6 +88,9 @@ func New(o Options) *Engine {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.Observer == nil {
+		o.Observer = noObserver{}
 	}
 	return &Engine{
 		o:       o,

@@ -66,6 +66,7 @@ func (h *handoff) logger() *slog.Logger {
 func (h *handoff) run(ctx context.Context) {
 	e := h.e
 	ok := h.readTrail()
+	e.o.Observer.Received(h.r.Name)
 	unlock, err := e.keys.lock(ctx, h.key)
 	if err != nil {
 		e.handBack(h.d)
@@ -335,6 +336,7 @@ func (h *handoff) attempt(ctx context.Context) {
 			h.handBack()
 			return
 		}
+		e.o.Observer.Attempted(h.r.Name, res.Outcome.String(), res.Latency)
 		switch res.Outcome {
 		case budget.Unreachable:
 			// The call never reached the app: the token waits for the
@@ -562,6 +564,7 @@ func (h *handoff) pending() []journal.Record {
 
 func (h *handoff) settleDuplicate(why string) bool {
 	h.logger().Info("settling a redelivery without calling the app", "hop", h.trail.Hops, "why", why)
+	h.e.o.Observer.Duplicate(h.r.Name)
 	return h.settle("duplicate: " + why)
 }
 

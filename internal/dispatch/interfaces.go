@@ -81,3 +81,25 @@ type Route struct {
 	// source stops fetching retries instead.
 	RetriesShareIntake bool
 }
+
+// Observer is told what the engine does, for metrics: each message taken,
+// each attempt's outcome and latency, each copy moved to a retry tier or the
+// dead-letter destination (once its broker confirmed it), each redelivery
+// settled from the journal. Its methods are called on the hand-off's
+// goroutine: they must be cheap and safe for concurrent use.
+type Observer interface {
+	Received(route string)
+	Attempted(route, outcome string, took time.Duration)
+	Retried(route, tier string)
+	DeadLettered(route, reason string)
+	Duplicate(route string)
+}
+
+// noObserver is the Observer of an engine given none.
+type noObserver struct{}
+
+func (noObserver) Received(string)                         {}
+func (noObserver) Attempted(string, string, time.Duration) {}
+func (noObserver) Retried(string, string)                  {}
+func (noObserver) DeadLettered(string, string)             {}
+func (noObserver) Duplicate(string)                        {}

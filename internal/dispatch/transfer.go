@@ -75,6 +75,11 @@ func (h *handoff) transfer(ctx context.Context, trail broker.Headers, dest broke
 	if !h.journal(ctx, journal.Record{Kind: journal.Transferred, Hop: next, Dest: dest.String()}) {
 		return
 	}
+	if dest.DeadLetter {
+		h.e.o.Observer.DeadLettered(h.r.Name, trail[broker.HeaderDeadReason])
+	} else {
+		h.e.o.Observer.Retried(h.r.Name, broker.TierName(dest.Tier))
+	}
 	if h.fault(WindowConfirmed) {
 		return
 	}

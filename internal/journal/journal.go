@@ -81,6 +81,9 @@ type Options struct {
 	// commits; an error aborts the transaction. Tests use it to crash the
 	// writer mid-batch.
 	BeforeCommit func(records int) error
+	// OnCommit, when set, is told each group commit's duration, after it
+	// committed (metrics). It must be cheap.
+	OnCommit func(took time.Duration)
 }
 
 // Errors of the journal.
@@ -330,7 +333,11 @@ func (j *Journal) writer() {
 		if err == nil {
 			start := time.Now()
 			err = j.commit(batch)
-			j.commits.record(time.Since(start))
+			took := time.Since(start)
+			j.commits.record(took)
+			if j.o.OnCommit != nil {
+				j.o.OnCommit(took)
+			}
 			if err != nil {
 				j.failMu.Lock()
 				if j.failed == nil {

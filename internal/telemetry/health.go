@@ -27,8 +27,9 @@ type Server struct {
 	checks []Check
 }
 
-// Listen binds addr (port 0 picks a free port).
-func Listen(addr string, checks []Check, log *slog.Logger) (*Server, error) {
+// Listen binds addr (port 0 picks a free port). metrics, when not nil,
+// serves /metrics.
+func Listen(addr string, checks []Check, metrics http.Handler, log *slog.Logger) (*Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("telemetry listen %s: %w", addr, err)
@@ -39,6 +40,9 @@ func Listen(addr string, checks []Check, log *slog.Logger) (*Server, error) {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", s.readyz)
+	if metrics != nil {
+		mux.Handle("GET /metrics", metrics)
+	}
 	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	return s, nil
 }

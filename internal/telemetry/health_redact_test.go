@@ -15,7 +15,7 @@ import (
 func TestReadyzHidesPasswords(t *testing.T) {
 	s, err := Listen("127.0.0.1:0", []Check{{Name: "source a", Ready: func() error {
 		return fmt.Errorf("dial: parse %q: invalid", "amqp://u:Pw-3c8e@127.0.0.1:5672/")
-	}}}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	}}}, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}

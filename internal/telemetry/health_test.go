@@ -21,7 +21,7 @@ func TestHealthEndpoints(t *testing.T) {
 			}
 			return nil
 		}},
-	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	}, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}

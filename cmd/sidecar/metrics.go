@@ -1,0 +1,96 @@
+package main
+
+import (
+	"errors"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+
+	"handoff.dev/handoff/internal/deadletter"
+	"handoff.dev/handoff/internal/dispatch"
+	"handoff.dev/handoff/internal/telemetry"
+)
+
+// observeEngine registers the gauges read from the engine and the dead
+// letters at each scrape: the retry budget, the concurrency limit, paused
+// intake, the oldest unsettled delivery, and the dead letters an operator
+// watches (open by state, the oldest open one's age).
+func observeEngine(m *telemetry.Metrics, engine *dispatch.Engine, dl *deadletter.Manager) error {
+	source := func(name string) []attribute.KeyValue { return []attribute.KeyValue{attribute.String("source", name)} }
+	one := func(v float64) []telemetry.Gauge { return []telemetry.Gauge{{Value: v}} }
+	var errs []error
+	errs = append(errs,
+		m.Observe("handoff.budget.tokens", "", "Retry budget tokens available now.", func() []telemetry.Gauge {
+			if b := engine.Status().Budget; b != nil {
+				return one(b.Tokens)
+			}
+			return nil
+		}),
+		m.ObserveCounter("handoff.budget.denied", "Re-attempts that found no retry budget token, since the start.", func() []telemetry.Gauge {
+			if b := engine.Status().Budget; b != nil {
+				return one(float64(b.Denied))
+			}
+			return nil
+		}),
+		m.Observe("handoff.concurrency.limit", "", "The adaptive bound on calls to the app in flight.", func() []telemetry.Gauge {
+			return one(float64(engine.Status().Limit))
+		}),
+		m.Observe("handoff.intake.paused", "", "1 while a source's fresh intake is paused (app unreachable, overload, budget spent).", func() []telemetry.Gauge {
+			st := engine.Status()
+			paused := 0.0
+			if st.AppUnreachable || st.FreshIntakePaused || time.Now().Before(st.OverloadUntil) {
+				paused = 1
+			}
+			var out []telemetry.Gauge
+			for _, r := range st.Routes {
+				out = append(out, telemetry.Gauge{Value: paused, Attrs: source(r.Name)})
+			}
+			return out
+		}),
+		m.Observe("handoff.oldest_unsettled_age", "s", "How long the oldest delivery a source has taken and not settled has been open.", func() []telemetry.Gauge {
+			now := time.Now()
+			var out []telemetry.Gauge
+			for _, r := range engine.Status().Routes {
+				age := 0.0
+				if !r.Oldest.IsZero() {
+					age = now.Sub(r.Oldest).Seconds()
+				}
+				out = append(out, telemetry.Gauge{Value: age, Attrs: source(r.Name)})
+			}
+			return out
+		}),
+		m.Observe("handoff.deadletters.open", "", "Dead letters not closed, by source and state (from this replica's index).", func() []telemetry.Gauge {
+			var out []telemetry.Gauge
+			for _, name := range dl.SourceNames() {
+				c, err := dl.Counts(name)
+				if err != nil {
+					continue
+				}
+				for _, st := range deadletter.States {
+					if !st.Closed() {
+						out = append(out, telemetry.Gauge{Value: float64(c.ByState[st]),
+							Attrs: []attribute.KeyValue{attribute.String("source", name), attribute.String("state", string(st))}})
+					}
+				}
+			}
+			return out
+		}),
+		m.Observe("handoff.deadletters.oldest_open_age", "s", "How long ago the oldest open dead letter was dead-lettered; 0 when none is open.", func() []telemetry.Gauge {
+			now := time.Now()
+			var out []telemetry.Gauge
+			for _, name := range dl.SourceNames() {
+				c, err := dl.Counts(name)
+				if err != nil {
+					continue
+				}
+				age := 0.0
+				if c.Open > 0 && !c.OldestOpen.IsZero() {
+					age = now.Sub(c.OldestOpen).Seconds()
+				}
+				out = append(out, telemetry.Gauge{Value: age, Attrs: source(name)})
+			}
+			return out
+		}),
+	)
+	return errors.Join(errs...)
+}

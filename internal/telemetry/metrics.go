@@ -1,0 +1,192 @@
+package telemetry
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+)
+
+// Metrics are the sidecar's instruments, made through the OpenTelemetry SDK
+// and served in the Prometheus text format by Handler (on
+// telemetry.metrics_listen, /metrics). The hot path's calls (Received,
+// Attempted) find their attribute sets in a cache: no allocation per
+// message once a source's outcomes have been seen. It is safe for
+// concurrent use.
+type Metrics struct {
+	provider *sdkmetric.MeterProvider
+	registry *prometheus.Registry
+	meter    metric.Meter
+
+	received    metric.Int64Counter
+	outcomes    metric.Int64Counter
+	duration    metric.Float64Histogram
+	retries     metric.Int64Counter
+	deadLetters metric.Int64Counter
+	duplicates  metric.Int64Counter
+	commits     metric.Float64Histogram
+
+	sets sync.Map // setKey → metric.MeasurementOption
+}
+
+// setKey names one cached attribute set.
+type setKey struct{ a, b, c string }
+
+// NewMetrics makes the instruments and their Prometheus registry.
+func NewMetrics() (*Metrics, error) {
+	reg := prometheus.NewRegistry()
+	exp, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo(), otelprom.WithoutTargetInfo())
+	if err != nil {
+		return nil, fmt.Errorf("prometheus exporter: %w", err)
+	}
+	provider := sdkmetric.NewMeterProvider(
+		sdkmetric.WithReader(exp),
+		// Attempts from a millisecond to a minute: an app's answers.
+		sdkmetric.WithView(sdkmetric.NewView(
+			sdkmetric.Instrument{Name: "handoff.handler.duration"},
+			sdkmetric.Stream{Aggregation: sdkmetric.AggregationExplicitBucketHistogram{
+				Boundaries: []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
+			}},
+		)),
+		// Journal commits: a group commit's fsync, from 100µs to a second.
+		sdkmetric.WithView(sdkmetric.NewView(
+			sdkmetric.Instrument{Name: "handoff.journal.commit.duration"},
+			sdkmetric.Stream{Aggregation: sdkmetric.AggregationExplicitBucketHistogram{
+				Boundaries: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1},
+			}},
+		)),
+	)
+	m := &Metrics{provider: provider, registry: reg, meter: provider.Meter("handoff.dev/handoff")}
+	for _, c := range []struct {
+		dst        *metric.Int64Counter
+		name, desc string
+	}{
+		{&m.received, "handoff.messages.received", "Messages taken from a source: fresh ones and retry copies."},
+		{&m.outcomes, "handoff.outcomes", "Attempts by their outcome (success, retry, overload, defer, permanent, ...)."},
+		{&m.retries, "handoff.retries.scheduled", "Copies moved to a retry tier."},
+		{&m.deadLetters, "handoff.deadletters", "Copies moved to the dead-letter destination, by reason."},
+		{&m.duplicates, "handoff.journal.duplicates.suppressed", "Redeliveries settled from the journal without calling the app."},
+	} {
+		if *c.dst, err = m.meter.Int64Counter(c.name, metric.WithDescription(c.desc)); err != nil {
+			return nil, err
+		}
+	}
+	if m.duration, err = m.meter.Float64Histogram("handoff.handler.duration", metric.WithUnit("s"),
+		metric.WithDescription("How long the app took to answer an attempt, by its outcome.")); err != nil {
+		return nil, err
+	}
+	if m.commits, err = m.meter.Float64Histogram("handoff.journal.commit.duration", metric.WithUnit("s"),
+		metric.WithDescription("How long a journal group commit took.")); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Handler serves the metrics in the Prometheus text format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{})
+}
+
+// Shutdown stops the instruments' provider.
+func (m *Metrics) Shutdown(ctx context.Context) error { return m.provider.Shutdown(ctx) }
+
+// set returns the cached measurement option for the attributes k names.
+func (m *Metrics) set(k setKey, attrs func() []attribute.KeyValue) metric.MeasurementOption {
+	if v, ok := m.sets.Load(k); ok {
+		return v.(metric.MeasurementOption)
+	}
+	o := metric.WithAttributeSet(attribute.NewSet(attrs()...))
+	v, _ := m.sets.LoadOrStore(k, o)
+	return v.(metric.MeasurementOption)
+}
+
+// Received counts a message taken from source.
+func (m *Metrics) Received(source string) {
+	m.received.Add(context.Background(), 1, m.set(setKey{"received", source, ""}, func() []attribute.KeyValue {
+		return []attribute.KeyValue{attribute.String("source", source)}
+	}))
+}
+
+// Attempted counts an attempt's outcome and how long the app took.
+func (m *Metrics) Attempted(source, outcome string, took time.Duration) {
+	o := m.set(setKey{"outcome", source, outcome}, func() []attribute.KeyValue {
+		return []attribute.KeyValue{attribute.String("source", source), attribute.String("outcome", outcome)}
+	})
+	m.outcomes.Add(context.Background(), 1, o)
+	m.duration.Record(context.Background(), took.Seconds(), o)
+}
+
+// Retried counts a copy moved to a retry tier.
+func (m *Metrics) Retried(source, tier string) {
+	m.retries.Add(context.Background(), 1, m.set(setKey{"retry", source, tier}, func() []attribute.KeyValue {
+		return []attribute.KeyValue{attribute.String("source", source), attribute.String("tier", tier)}
+	}))
+}
+
+// DeadLettered counts a copy moved to the dead-letter destination.
+func (m *Metrics) DeadLettered(source, reason string) {
+	m.deadLetters.Add(context.Background(), 1, m.set(setKey{"dlq", source, reason}, func() []attribute.KeyValue {
+		return []attribute.KeyValue{attribute.String("source", source), attribute.String("reason", reason)}
+	}))
+}
+
+// Duplicate counts a redelivery settled from the journal.
+func (m *Metrics) Duplicate(source string) {
+	m.duplicates.Add(context.Background(), 1, m.set(setKey{"dup", source, ""}, func() []attribute.KeyValue {
+		return []attribute.KeyValue{attribute.String("source", source)}
+	}))
+}
+
+// Committed records one journal group commit's duration.
+func (m *Metrics) Committed(took time.Duration) {
+	m.commits.Record(context.Background(), took.Seconds())
+}
+
+// Gauge is one observed value with its attributes.
+type Gauge struct {
+	Value float64
+	Attrs []attribute.KeyValue
+}
+
+// Observe registers a gauge read at each scrape from read.
+func (m *Metrics) Observe(name, unit, desc string, read func() []Gauge) error {
+	opts := []metric.Float64ObservableGaugeOption{metric.WithDescription(desc)}
+	if unit != "" {
+		opts = append(opts, metric.WithUnit(unit))
+	}
+	g, err := m.meter.Float64ObservableGauge(name, opts...)
+	if err != nil {
+		return err
+	}
+	_, err = m.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		for _, v := range read() {
+			o.ObserveFloat64(g, v.Value, metric.WithAttributes(v.Attrs...))
+		}
+		return nil
+	}, g)
+	return err
+}
+
+// ObserveCounter registers a counter whose running total is read at each
+// scrape from read (a count kept elsewhere, since the start).
+func (m *Metrics) ObserveCounter(name, desc string, read func() []Gauge) error {
+	c, err := m.meter.Float64ObservableCounter(name, metric.WithDescription(desc))
+	if err != nil {
+		return err
+	}
+	_, err = m.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		for _, v := range read() {
+			o.ObserveFloat64(c, v.Value, metric.WithAttributes(v.Attrs...))
+		}
+		return nil
+	}, c)
+	return err
+}
