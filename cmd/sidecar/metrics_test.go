@@ -128,6 +128,15 @@ func TestMetricsMatchWhatHappened(t *testing.T) {
 		waitFor(t, 10*time.Second, "3 open dead letters", func() bool {
 			return sample(scrape(t, s.health), "handoff_deadletters_open", map[string]string{"source": "test", "state": "pending"}) == bad
 		})
+		// The backlog is read back to empty; with nothing waiting, nothing
+		// is left to drain.
+		waitFor(t, 10*time.Second, "the backlog's gauges", func() bool {
+			fams := scrape(t, s.health)
+			return sample(fams, "handoff_backlog_messages", map[string]string{"source": "test"}) == 0 &&
+				sample(fams, "handoff_backlog_drain_seconds", map[string]string{"source": "test"}) == 0 &&
+				sample(fams, "handoff_completion_rate", map[string]string{"source": "test"}) >= 0 &&
+				sample(fams, "handoff_arrival_rate", map[string]string{"source": "test"}) >= 0
+		})
 	}
 	t.Run("rabbitmq", func(t *testing.T) {
 		t.Parallel()
@@ -136,7 +145,7 @@ func TestMetricsMatchWhatHappened(t *testing.T) {
 		tier := 200 * time.Millisecond
 		q := testQueue(t, conn, []time.Duration{tier})
 		a := newApp(t, metricsScript)
-		s := startSidecar(t, testConfig(a.url(), q, tier))
+		s := startSidecarWith(t, testConfig(a.url(), q, tier), hooks{drainEvery: 100 * time.Millisecond})
 		var ms []publishing
 		for _, id := range ids {
 			ms = append(ms, publishing{MessageId: id, Body: []byte(id)})
@@ -150,7 +159,7 @@ func TestMetricsMatchWhatHappened(t *testing.T) {
 		a := newApp(t, metricsScript)
 		cfg := kafkaConfig(a.url(), brokers, topic, 200*time.Millisecond)
 		cfg.Telemetry.MetricsListen = "127.0.0.1:0"
-		s := startSidecar(t, cfg)
+		s := startSidecarWith(t, cfg, hooks{drainEvery: 100 * time.Millisecond})
 		var recs []*kgo.Record
 		for _, id := range ids {
 			recs = append(recs, &kgo.Record{Topic: topic, Value: []byte(id), Headers: []kgo.RecordHeader{{Key: "ce_id", Value: []byte(id)}}})

@@ -128,6 +128,8 @@ type hooks struct {
 	// part is run as one more part of the sidecar, beside its sources,
 	// health server and engine: a test fails it to see the rest stop.
 	part func(ctx context.Context) error
+	// drainEvery, when set, is how often backlogs are read (drainEvery).
+	drainEvery time.Duration
 }
 
 // serve runs the sidecar until ctx is done, then shuts down in order: not
@@ -267,6 +269,13 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 	if err := observeEngine(metrics, engine, deadLetters); err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
+	drains := newDrains(sources, metrics, log)
+	if hk.drainEvery > 0 {
+		drains.every = hk.drainEvery
+	}
+	if err := drains.observe(metrics); err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
 	checks = append(checks, telemetry.Check{Name: "app", Ready: engine.Ready})
 
 	// The parts run in one group: the first to fail cancels run, which
@@ -298,6 +307,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 	// The dead letters stop after the engine's drain (whose replayed
 	// copies' outcomes they record) and before the broker connections
 	// they record them through.
+	g.Go(func() error { return part(brokers, "backlog readings", drains.run) })
 	dlRun, stopDeadLetters := context.WithCancel(context.Background())
 	defer stopDeadLetters()
 	dlDone := make(chan struct{})
@@ -383,6 +393,9 @@ type source struct {
 	// deadLetters are the source's dead-letter logs, and where a replay
 	// republishes.
 	deadLetters deadletter.ManagedSource
+	// backlog reads the source's backlog and, where the broker says, the
+	// count of messages ever produced to it (for the drain estimate).
+	backlog func(ctx context.Context) (backlog, produced int64, producedKnown bool, err error)
 }
 
 // deadLetterRetention applies to the dead-letter destinations the sidecar

@@ -61,6 +61,10 @@ func rabbitSource(sc config.Source, tiers []time.Duration, deadLetterRetention t
 		run:     c.Run,
 		close:   func() {},
 		waiting: rabbitWaiting(c),
+		backlog: func(ctx context.Context) (int64, int64, bool, error) {
+			b, err := c.Backlog(ctx)
+			return b, 0, false, err
+		},
 	}
 }
 
@@ -154,6 +158,10 @@ func kafkaSource(sc config.Source, tiers []time.Duration, deadLetterRetention ti
 			}
 		},
 		waiting: kafkaWaiting(c),
+		backlog: func(ctx context.Context) (int64, int64, bool, error) {
+			lag, produced, err := c.Backlog(ctx)
+			return lag, produced, true, err
+		},
 	}, nil
 }
 

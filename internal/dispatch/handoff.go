@@ -66,7 +66,7 @@ func (h *handoff) logger() *slog.Logger {
 func (h *handoff) run(ctx context.Context) {
 	e := h.e
 	ok := h.readTrail()
-	e.o.Observer.Received(h.r.Name)
+	e.o.Observer.Received(h.r.Name, h.retry)
 	unlock, err := e.keys.lock(ctx, h.key)
 	if err != nil {
 		e.handBack(h.d)

@@ -88,7 +88,9 @@ type Route struct {
 // settled from the journal. Its methods are called on the hand-off's
 // goroutine: they must be cheap and safe for concurrent use.
 type Observer interface {
-	Received(route string)
+	// Received: retry says the message is a retry copy, not one taken
+	// from the source's own backlog.
+	Received(route string, retry bool)
 	Attempted(route, outcome string, took time.Duration)
 	Retried(route, tier string)
 	DeadLettered(route, reason string)
@@ -98,7 +100,7 @@ type Observer interface {
 // noObserver is the Observer of an engine given none.
 type noObserver struct{}
 
-func (noObserver) Received(string)                         {}
+func (noObserver) Received(string, bool)                   {}
 func (noObserver) Attempted(string, string, time.Duration) {}
 func (noObserver) Retried(string, string)                  {}
 func (noObserver) DeadLettered(string, string)             {}

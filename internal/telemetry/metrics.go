@@ -5,12 +5,13 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/attribute"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 )
@@ -34,7 +35,8 @@ type Metrics struct {
 	duplicates  metric.Int64Counter
 	commits     metric.Float64Histogram
 
-	sets sync.Map // setKey → metric.MeasurementOption
+	sets  sync.Map // setKey → metric.MeasurementOption
+	taken sync.Map // source → *atomic.Int64: fresh messages taken
 }
 
 // setKey names one cached attribute set.
@@ -108,11 +110,27 @@ func (m *Metrics) set(k setKey, attrs func() []attribute.KeyValue) metric.Measur
 	return v.(metric.MeasurementOption)
 }
 
-// Received counts a message taken from source.
-func (m *Metrics) Received(source string) {
+// Received counts a message taken from source: a fresh one from its
+// backlog, or a retry copy.
+func (m *Metrics) Received(source string, retry bool) {
 	m.received.Add(context.Background(), 1, m.set(setKey{"received", source, ""}, func() []attribute.KeyValue {
 		return []attribute.KeyValue{attribute.String("source", source)}
 	}))
+	if !retry {
+		m.takenOf(source).Add(1)
+	}
+}
+
+// Taken counts the fresh messages taken from source since the start: the
+// completions the drain estimate's μ is taken from.
+func (m *Metrics) Taken(source string) int64 { return m.takenOf(source).Load() }
+
+func (m *Metrics) takenOf(source string) *atomic.Int64 {
+	if v, ok := m.taken.Load(source); ok {
+		return v.(*atomic.Int64)
+	}
+	v, _ := m.taken.LoadOrStore(source, new(atomic.Int64))
+	return v.(*atomic.Int64)
 }
 
 // Attempted counts an attempt's outcome and how long the app took.

@@ -82,3 +82,46 @@ func (c *Client) RetryLag(ctx context.Context) ([]TierLag, error) {
 	}
 	return out, nil
 }
+
+// Backlog reads the group's lag on the source topic (the records past its
+// committed offsets, over every partition) and the sum of the topic's end
+// offsets: what was ever produced to it, whose growth is the arrival rate.
+func (c *Client) Backlog(ctx context.Context) (lag, produced int64, err error) {
+	adm := kadm.NewClient(c.cl)
+	committed, err := adm.FetchOffsets(ctx, c.o.Group)
+	if err != nil {
+		return 0, 0, fmt.Errorf("fetch the group's offsets: %w", err)
+	}
+	if err := committed.Error(); err != nil {
+		return 0, 0, fmt.Errorf("fetch the group's offsets: %w", err)
+	}
+	ends, err := adm.ListEndOffsets(ctx, c.o.Topic)
+	if err != nil {
+		return 0, 0, fmt.Errorf("list end offsets: %w", err)
+	}
+	starts, err := adm.ListStartOffsets(ctx, c.o.Topic)
+	if err != nil {
+		return 0, 0, fmt.Errorf("list start offsets: %w", err)
+	}
+	var failed error
+	ends.Each(func(end kadm.ListedOffset) {
+		if end.Err != nil {
+			failed = fmt.Errorf("end offset of %s[%d]: %w", end.Topic, end.Partition, end.Err)
+			return
+		}
+		produced += end.Offset
+		from := int64(-1)
+		if o, ok := committed.Lookup(end.Topic, end.Partition); ok && o.Err == nil {
+			from = o.At
+		}
+		if from < 0 {
+			if s, ok := starts.Lookup(end.Topic, end.Partition); ok && s.Err == nil {
+				from = s.Offset
+			}
+		}
+		if from >= 0 && end.Offset > from {
+			lag += end.Offset - from
+		}
+	})
+	return lag, produced, failed
+}

@@ -46,3 +46,28 @@ func (c *Client) RetryDepths(ctx context.Context) ([]TierDepth, error) {
 	}
 	return out, nil
 }
+
+// Backlog reads how many messages are ready in the source queue, with a
+// passive declare on a channel of its own. It returns ErrNotConnected
+// without a live connection.
+func (c *Client) Backlog(ctx context.Context) (int64, error) {
+	s := c.current()
+	if s == nil {
+		return 0, ErrNotConnected
+	}
+	ch, err := s.conn.Channel()
+	if err != nil {
+		return 0, fmt.Errorf("channel: %w", err)
+	}
+	defer func() { _ = ch.Close() }()
+	stop := context.AfterFunc(ctx, func() { _ = ch.Close() })
+	defer stop()
+	st, err := ch.QueueDeclarePassive(c.opts.Queue, true, false, false, false, nil)
+	if err != nil {
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		return 0, fmt.Errorf("queue %q: %w", c.opts.Queue, explain(err))
+	}
+	return int64(st.Messages), nil
+}

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+
+	"handoff.dev/handoff/internal/redact"
+	"handoff.dev/handoff/internal/telemetry"
+)
+
+// drainEvery is how often each source's backlog is read for the drain
+// estimate; the rates are taken over telemetry.DefaultDrainWindow.
+const drainEvery = 5 * time.Second
+
+// drains reads every source's backlog at intervals and estimates its
+// arrival and completion rates and its drain time (seed 000: B/(μ−λ)).
+type drains struct {
+	sources []source
+	metrics *telemetry.Metrics
+	log     *slog.Logger
+	est     map[string]*telemetry.Drain
+	every   time.Duration
+}
+
+func newDrains(sources []source, m *telemetry.Metrics, log *slog.Logger) *drains {
+	d := &drains{sources: sources, metrics: m, log: log, est: map[string]*telemetry.Drain{}, every: drainEvery}
+	for _, s := range sources {
+		d.est[s.name] = telemetry.NewDrain(telemetry.DefaultDrainWindow)
+	}
+	return d
+}
+
+// run reads the backlogs until ctx ends.
+func (d *drains) run(ctx context.Context) error {
+	t := time.NewTicker(d.every)
+	defer t.Stop()
+	for {
+		d.read(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func (d *drains) read(ctx context.Context) {
+	for _, s := range d.sources {
+		if s.backlog == nil {
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, d.every)
+		b, produced, known, err := s.backlog(rctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				d.log.Debug("backlog unknown", "source", s.name, "err", redact.Error(err))
+			}
+			continue
+		}
+		d.est[s.name].Add(telemetry.DrainSample{At: time.Now(), Backlog: b, Taken: d.metrics.Taken(s.name),
+			Produced: produced, ProducedKnown: known})
+	}
+}
+
+// observe registers the backlog's gauges: B, λ, μ and the drain time
+// (+Inf when μ ≤ λ: not converging).
+func (d *drains) observe(m *telemetry.Metrics) error {
+	gauge := func(name, unit, desc string, pick func(telemetry.Estimate) float64) error {
+		return m.Observe(name, unit, desc, func() []telemetry.Gauge {
+			var out []telemetry.Gauge
+			for _, s := range d.sources {
+				if e, ok := d.est[s.name].Estimate(); ok {
+					out = append(out, telemetry.Gauge{Value: pick(e), Attrs: []attribute.KeyValue{attribute.String("source", s.name)}})
+				}
+			}
+			return out
+		})
+	}
+	for _, g := range []struct {
+		name, unit, desc string
+		pick             func(telemetry.Estimate) float64
+	}{
+		{"handoff.backlog.messages", "", "Messages waiting in the source: the Kafka group's lag, the RabbitMQ queue's ready count.",
+			func(e telemetry.Estimate) float64 { return e.Backlog }},
+		{"handoff.arrival.rate", "", "Messages produced to the source a second (λ), over the last minute.",
+			func(e telemetry.Estimate) float64 { return e.Arrival }},
+		{"handoff.completion.rate", "", "Messages the sidecar took from the source a second (μ), over the last minute.",
+			func(e telemetry.Estimate) float64 { return e.Completion }},
+		{"handoff.backlog.drain", "s", "How long the backlog takes to drain at these rates, B/(μ−λ); +Inf when μ ≤ λ (not converging).",
+			func(e telemetry.Estimate) float64 { return e.Drain }},
+	} {
+		if err := gauge(g.name, g.unit, g.desc, g.pick); err != nil {
+			return err
+		}
+	}
+	return nil
+}
