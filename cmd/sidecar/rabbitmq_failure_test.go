@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -125,4 +126,34 @@ func TestRabbitDeadLetterQueueDeleted(t *testing.T) {
 	if n := len(a.callsFor("m-dlq")); n != 1 {
 		t.Errorf("app called %d times, want 1: the journal recorded its answer", n)
 	}
+}
+
+// TestReadyzFollowsRabbitMQ: /readyz says 503 while RabbitMQ cannot be
+// reached (the sidecar's user lost its access to the vhost and its
+// connections were closed) and 200 once it can be again.
+func TestReadyzFollowsRabbitMQ(t *testing.T) {
+	t.Parallel()
+	url := testVhost(t)
+	vhost := url[len(strings.TrimSuffix(rabbitURL(), "/"))+1:]
+	conn := dialRabbitURL(t, url)
+	q := testQueue(t, conn, []time.Duration{tier})
+	conn.Close()
+	a := newApp(t, status(http.StatusOK))
+	cfg := testConfig(a.url(), q, tier)
+	cfg.Sources[0].RabbitMQ.URL = url
+	s := startSidecar(t, cfg)
+	if code, body := readyz(t, s.health); code != http.StatusOK {
+		t.Fatalf("/readyz %d while connected: %s", code, body)
+	}
+	rabbitmqctl(t, "clear_permissions", "-p", vhost, "guest")
+	rabbitmqctl(t, "close_all_connections", "-p", vhost, "test: broker unreachable")
+	waitFor(t, 20*time.Second, "/readyz 503 while RabbitMQ refuses the sidecar", func() bool {
+		code, _ := readyz(t, s.health)
+		return code == http.StatusServiceUnavailable
+	})
+	rabbitmqctl(t, "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+	waitFor(t, 30*time.Second, "/readyz 200 once RabbitMQ takes the sidecar back", func() bool {
+		code, _ := readyz(t, s.health)
+		return code == http.StatusOK
+	})
 }
