@@ -191,7 +191,7 @@ journal: {path: %q}
 	}
 
 	// Every run was the same member of the group.
-	member := regexp.MustCompile(`msg="kafka group member".*instance_id=(\S+)`)
+	member := regexp.MustCompile(`"msg":"kafka group member",.*"instance_id":"([^"]+)"`)
 	seen := map[string]bool{}
 	for _, l := range logs {
 		if m := member.FindStringSubmatch(l.String()); m != nil {

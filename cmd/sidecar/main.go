@@ -70,7 +70,7 @@ func rootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.PersistentFlags().String("log-level", "info", "debug, info, warn or error")
-	root.PersistentFlags().String("log-format", "text", "text or json")
+	root.PersistentFlags().String("log-format", "", "text or json (json for run, where a log collector reads it)")
 	root.AddCommand(runCmd(), validateCmd(), journalCmd(), devCmd(), statusCmd(), eventsCmd(), dlqCmd(), replayCmd())
 	return root
 }

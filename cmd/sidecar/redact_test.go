@@ -183,7 +183,7 @@ type runningBinary struct {
 	health string
 }
 
-var healthLine = regexp.MustCompile(`msg="health endpoints listening" addr=(\S+)`)
+var healthLine = regexp.MustCompile(`"msg":"health endpoints listening","addr":"([^"]+)"`)
 
 // startBinary runs `sidecar run` on cfgPath at debug level (the most log
 // lines) and waits for its health server.

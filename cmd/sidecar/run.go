@@ -88,6 +88,9 @@ func newLogger(cmd *cobra.Command) (*slog.Logger, error) {
 	}
 	opts := &slog.HandlerOptions{Level: level}
 	switch strings.ToLower(format) {
+	case "":
+		// A sidecar's log goes to a collector, which reads JSON.
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
 	case "text":
 		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
 	case "json":
