@@ -32,14 +32,20 @@ func adminToken(a config.Admin) ([]byte, error) {
 
 // listenAdmin binds the admin API's listener; nil when the API is off.
 func listenAdmin(cfg config.Config, token []byte, started time.Time, engine *dispatch.Engine, jr *journal.Journal,
-	sources []source, deadLetters admin.DeadLetters, checks *[]telemetry.Check, log *slog.Logger) (*admin.Server, error) {
+	sources []source, deadLetters admin.DeadLetters, drains *drains, checks *[]telemetry.Check, log *slog.Logger) (*admin.Server, error) {
 	if !cfg.Admin.Enabled() {
 		log.Info("admin API off: admin.token_file is not set")
 		return nil, nil
 	}
 	var srcs []admin.Source
 	for i, sc := range cfg.Sources {
-		srcs = append(srcs, adminSource(sc, sources[i], cfg.Retry.Tiers))
+		src := adminSource(sc, sources[i], cfg.Retry.Tiers)
+		if drains != nil {
+			if d := drains.est[sc.Name]; d != nil {
+				src.Backlog = d.Estimate
+			}
+		}
+		srcs = append(srcs, src)
 	}
 	return admin.Listen(admin.Options{
 		Listen:             cfg.Admin.Listen,

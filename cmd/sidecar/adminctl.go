@@ -200,6 +200,17 @@ func writeStatus(w io.Writer, s *adminv1.Status, now time.Time) {
 			}
 			fmt.Fprintf(w, "  retry %s (%s): %s\n", t.GetName(), t.GetDelay().AsDuration(), waiting)
 		}
+		if b := src.GetBacklog(); b != nil {
+			drain := "not converging: arrivals outpace completions"
+			switch {
+			case b.GetMessages() == 0:
+				drain = "nothing waiting"
+			case b.GetConverging():
+				drain = "drains in " + b.GetDrain().AsDuration().Round(time.Second).String()
+			}
+			fmt.Fprintf(w, "  backlog %d, arrivals %.1f/s, completions %.1f/s: %s\n",
+				b.GetMessages(), b.GetArrivalRate(), b.GetCompletionRate(), drain)
+		}
 		if c := src.GetDeadLetters(); c != nil {
 			fmt.Fprintf(w, "  dead letters %s\n", strings.TrimPrefix(countsLine(c), c.GetSource()+": "))
 		}

@@ -332,7 +332,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 		}
 		g.Go(func() error { return part(servers, "health server", hs.Run) })
 	}
-	adm, err := listenAdmin(cfg, adminTok, started, engine, jr, sources, deadLetters, &checks, log)
+	adm, err := listenAdmin(cfg, adminTok, started, engine, jr, sources, deadLetters, drains, &checks, log)
 	if err != nil {
 		stopBrokers()
 		stopServers()

@@ -11,6 +11,7 @@ import (
 	adminv1 "handoff.dev/handoff/api/admin/v1"
 	"handoff.dev/handoff/internal/dispatch"
 	"handoff.dev/handoff/internal/journal"
+	"handoff.dev/handoff/internal/telemetry"
 )
 
 // Engine is what the admin API reads of the dispatch engine. Status must be
@@ -40,6 +41,9 @@ type Source struct {
 	// Waiting reads how many copies wait in each tier, in Tiers order; nil
 	// when the broker cannot say. It must honour ctx.
 	Waiting func(ctx context.Context) ([]int64, error)
+	// Backlog is the source's backlog estimate, and false until there is
+	// one; nil when none is kept.
+	Backlog func() (telemetry.Estimate, bool)
 }
 
 // Tier is one retry tier of a source.

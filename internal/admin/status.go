@@ -3,6 +3,7 @@ package admin
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -134,6 +135,16 @@ func sourceStatus(now time.Time, e dispatch.Status, rs dispatch.RouteStatus, sr 
 		InFlight:  int32(rs.InFlight),
 		// What an operator watches of its dead letters: no message data.
 		DeadLetters: sr.deadLetters,
+	}
+	if src.Backlog != nil {
+		if e, ok := src.Backlog(); ok {
+			b := &adminv1.Backlog{Messages: int64(e.Backlog), ArrivalRate: e.Arrival, CompletionRate: e.Completion,
+				Converging: !math.IsInf(e.Drain, 1)}
+			if b.Converging {
+				b.Drain = durationpb.New(time.Duration(e.Drain * float64(time.Second)))
+			}
+			out.Backlog = b
+		}
 	}
 	if !rs.Oldest.IsZero() {
 		out.OldestUnsettledAge = durationpb.New(max(now.Sub(rs.Oldest), 0))

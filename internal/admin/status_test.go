@@ -2,6 +2,7 @@ package admin
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"handoff.dev/handoff/internal/budget"
 	"handoff.dev/handoff/internal/dispatch"
 	"handoff.dev/handoff/internal/journal"
+	"handoff.dev/handoff/internal/telemetry"
 )
 
 func TestStatusOf(t *testing.T) {
@@ -109,5 +111,37 @@ func TestStatusOfIdleAndRedacted(t *testing.T) {
 		if strings.Contains(s, "hunter2") || s == "" {
 			t.Errorf("%q: want a reason without the password", s)
 		}
+	}
+}
+
+// A source's backlog estimate shows with its drain time, or as not
+// converging when arrivals outpace completions.
+func TestStatusOfBacklog(t *testing.T) {
+	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	for _, tt := range []struct {
+		name       string
+		est        telemetry.Estimate
+		converging bool
+		drain      time.Duration
+	}{
+		{"draining", telemetry.Estimate{Backlog: 1.2e6, Arrival: 8000, Completion: 10000, Drain: 600}, true, 10 * time.Minute},
+		{"not converging", telemetry.Estimate{Backlog: 1.2e6, Arrival: 8000, Completion: 7000, Drain: math.Inf(1)}, false, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			src := Source{Name: "orders", Broker: "kafka", From: "orders",
+				Backlog: func() (telemetry.Estimate, bool) { return tt.est, true }}
+			st := statusOf(reading{now: now, engine: dispatch.Status{Routes: []dispatch.RouteStatus{{Name: "orders"}}},
+				sources: []sourceReading{{src: src}}})
+			b := st.GetSources()[0].GetBacklog()
+			if b.GetMessages() != 1200000 || b.GetArrivalRate() != 8000 || b.GetConverging() != tt.converging ||
+				b.GetDrain().AsDuration() != tt.drain {
+				t.Fatalf("backlog %v", b)
+			}
+		})
+	}
+	src := Source{Name: "orders", Backlog: func() (telemetry.Estimate, bool) { return telemetry.Estimate{}, false }}
+	st := statusOf(reading{now: now, sources: []sourceReading{{src: src}}})
+	if st.GetSources()[0].GetBacklog() != nil {
+		t.Fatal("a backlog shown before there is an estimate")
 	}
 }

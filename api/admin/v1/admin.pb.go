@@ -325,7 +325,10 @@ type SourceStatus struct {
 	RetryTiers         []*RetryTier         `protobuf:"bytes,9,rep,name=retry_tiers,json=retryTiers,proto3" json:"retry_tiers,omitempty"`
 	// Its dead letters: the open count and the oldest open one's age, from
 	// this replica's index (no message data).
-	DeadLetters   *DeadLetterCounts `protobuf:"bytes,10,opt,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
+	DeadLetters *DeadLetterCounts `protobuf:"bytes,10,opt,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
+	// Its backlog and how fast it drains, over the last minute; absent until
+	// two readings of the backlog span some time.
+	Backlog       *Backlog `protobuf:"bytes,11,opt,name=backlog,proto3" json:"backlog,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -430,6 +433,96 @@ func (x *SourceStatus) GetDeadLetters() *DeadLetterCounts {
 	return nil
 }
 
+func (x *SourceStatus) GetBacklog() *Backlog {
+	if x != nil {
+		return x.Backlog
+	}
+	return nil
+}
+
+// Backlog is a source's backlog B, its arrival rate λ and completion rate
+// μ, and the drain time B/(μ−λ) (seed 000).
+type Backlog struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Messages waiting: the Kafka group's lag, the RabbitMQ queue's ready
+	// count.
+	Messages int64 `protobuf:"varint,1,opt,name=messages,proto3" json:"messages,omitempty"`
+	// Per second.
+	ArrivalRate    float64 `protobuf:"fixed64,2,opt,name=arrival_rate,json=arrivalRate,proto3" json:"arrival_rate,omitempty"`
+	CompletionRate float64 `protobuf:"fixed64,3,opt,name=completion_rate,json=completionRate,proto3" json:"completion_rate,omitempty"`
+	// False when μ ≤ λ with a backlog waiting: it never drains at these
+	// rates, and drain is not set.
+	Converging    bool                 `protobuf:"varint,4,opt,name=converging,proto3" json:"converging,omitempty"`
+	Drain         *durationpb.Duration `protobuf:"bytes,5,opt,name=drain,proto3" json:"drain,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Backlog) Reset() {
+	*x = Backlog{}
+	mi := &file_admin_v1_admin_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Backlog) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Backlog) ProtoMessage() {}
+
+func (x *Backlog) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_v1_admin_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Backlog.ProtoReflect.Descriptor instead.
+func (*Backlog) Descriptor() ([]byte, []int) {
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Backlog) GetMessages() int64 {
+	if x != nil {
+		return x.Messages
+	}
+	return 0
+}
+
+func (x *Backlog) GetArrivalRate() float64 {
+	if x != nil {
+		return x.ArrivalRate
+	}
+	return 0
+}
+
+func (x *Backlog) GetCompletionRate() float64 {
+	if x != nil {
+		return x.CompletionRate
+	}
+	return 0
+}
+
+func (x *Backlog) GetConverging() bool {
+	if x != nil {
+		return x.Converging
+	}
+	return false
+}
+
+func (x *Backlog) GetDrain() *durationpb.Duration {
+	if x != nil {
+		return x.Drain
+	}
+	return nil
+}
+
 // RetryTier is one delay tier of a source.
 type RetryTier struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -445,7 +538,7 @@ type RetryTier struct {
 
 func (x *RetryTier) Reset() {
 	*x = RetryTier{}
-	mi := &file_admin_v1_admin_proto_msgTypes[5]
+	mi := &file_admin_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -457,7 +550,7 @@ func (x *RetryTier) String() string {
 func (*RetryTier) ProtoMessage() {}
 
 func (x *RetryTier) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[5]
+	mi := &file_admin_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -470,7 +563,7 @@ func (x *RetryTier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryTier.ProtoReflect.Descriptor instead.
 func (*RetryTier) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RetryTier) GetName() string {
@@ -517,7 +610,7 @@ type Journal struct {
 
 func (x *Journal) Reset() {
 	*x = Journal{}
-	mi := &file_admin_v1_admin_proto_msgTypes[6]
+	mi := &file_admin_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -529,7 +622,7 @@ func (x *Journal) String() string {
 func (*Journal) ProtoMessage() {}
 
 func (x *Journal) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[6]
+	mi := &file_admin_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -542,7 +635,7 @@ func (x *Journal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Journal.ProtoReflect.Descriptor instead.
 func (*Journal) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Journal) GetPath() string {
@@ -590,7 +683,7 @@ type GetEventRequest struct {
 
 func (x *GetEventRequest) Reset() {
 	*x = GetEventRequest{}
-	mi := &file_admin_v1_admin_proto_msgTypes[7]
+	mi := &file_admin_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -602,7 +695,7 @@ func (x *GetEventRequest) String() string {
 func (*GetEventRequest) ProtoMessage() {}
 
 func (x *GetEventRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[7]
+	mi := &file_admin_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -615,7 +708,7 @@ func (x *GetEventRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetEventRequest.ProtoReflect.Descriptor instead.
 func (*GetEventRequest) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetEventRequest) GetSource() string {
@@ -645,7 +738,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_admin_v1_admin_proto_msgTypes[8]
+	mi := &file_admin_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -657,7 +750,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[8]
+	mi := &file_admin_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -670,7 +763,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Event) GetSource() string {
@@ -705,7 +798,7 @@ type Handoff struct {
 
 func (x *Handoff) Reset() {
 	*x = Handoff{}
-	mi := &file_admin_v1_admin_proto_msgTypes[9]
+	mi := &file_admin_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -717,7 +810,7 @@ func (x *Handoff) String() string {
 func (*Handoff) ProtoMessage() {}
 
 func (x *Handoff) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[9]
+	mi := &file_admin_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -730,7 +823,7 @@ func (x *Handoff) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Handoff.ProtoReflect.Descriptor instead.
 func (*Handoff) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Handoff) GetReplayId() string {
@@ -771,7 +864,7 @@ type Step struct {
 
 func (x *Step) Reset() {
 	*x = Step{}
-	mi := &file_admin_v1_admin_proto_msgTypes[10]
+	mi := &file_admin_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -783,7 +876,7 @@ func (x *Step) String() string {
 func (*Step) ProtoMessage() {}
 
 func (x *Step) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[10]
+	mi := &file_admin_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -796,7 +889,7 @@ func (x *Step) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Step.ProtoReflect.Descriptor instead.
 func (*Step) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Step) GetAt() *timestamppb.Timestamp {
@@ -890,7 +983,7 @@ type ListDeadLettersRequest struct {
 
 func (x *ListDeadLettersRequest) Reset() {
 	*x = ListDeadLettersRequest{}
-	mi := &file_admin_v1_admin_proto_msgTypes[11]
+	mi := &file_admin_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -902,7 +995,7 @@ func (x *ListDeadLettersRequest) String() string {
 func (*ListDeadLettersRequest) ProtoMessage() {}
 
 func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[11]
+	mi := &file_admin_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -915,7 +1008,7 @@ func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListDeadLettersRequest) GetSource() string {
@@ -980,7 +1073,7 @@ type ListDeadLettersResponse struct {
 
 func (x *ListDeadLettersResponse) Reset() {
 	*x = ListDeadLettersResponse{}
-	mi := &file_admin_v1_admin_proto_msgTypes[12]
+	mi := &file_admin_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -992,7 +1085,7 @@ func (x *ListDeadLettersResponse) String() string {
 func (*ListDeadLettersResponse) ProtoMessage() {}
 
 func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[12]
+	mi := &file_admin_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1005,7 +1098,7 @@ func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListDeadLettersResponse) GetDeadLetters() []*DeadLetter {
@@ -1045,7 +1138,7 @@ type DeadLetterCounts struct {
 
 func (x *DeadLetterCounts) Reset() {
 	*x = DeadLetterCounts{}
-	mi := &file_admin_v1_admin_proto_msgTypes[13]
+	mi := &file_admin_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1057,7 +1150,7 @@ func (x *DeadLetterCounts) String() string {
 func (*DeadLetterCounts) ProtoMessage() {}
 
 func (x *DeadLetterCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[13]
+	mi := &file_admin_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1070,7 +1163,7 @@ func (x *DeadLetterCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetterCounts.ProtoReflect.Descriptor instead.
 func (*DeadLetterCounts) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DeadLetterCounts) GetSource() string {
@@ -1150,7 +1243,7 @@ type DeadLetter struct {
 
 func (x *DeadLetter) Reset() {
 	*x = DeadLetter{}
-	mi := &file_admin_v1_admin_proto_msgTypes[14]
+	mi := &file_admin_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1162,7 +1255,7 @@ func (x *DeadLetter) String() string {
 func (*DeadLetter) ProtoMessage() {}
 
 func (x *DeadLetter) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[14]
+	mi := &file_admin_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1175,7 +1268,7 @@ func (x *DeadLetter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
 func (*DeadLetter) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DeadLetter) GetId() string {
@@ -1359,7 +1452,7 @@ type Repair struct {
 
 func (x *Repair) Reset() {
 	*x = Repair{}
-	mi := &file_admin_v1_admin_proto_msgTypes[15]
+	mi := &file_admin_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1371,7 +1464,7 @@ func (x *Repair) String() string {
 func (*Repair) ProtoMessage() {}
 
 func (x *Repair) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[15]
+	mi := &file_admin_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1384,7 +1477,7 @@ func (x *Repair) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Repair.ProtoReflect.Descriptor instead.
 func (*Repair) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Repair) GetBody() []byte {
@@ -1426,7 +1519,7 @@ type LedgerRecord struct {
 
 func (x *LedgerRecord) Reset() {
 	*x = LedgerRecord{}
-	mi := &file_admin_v1_admin_proto_msgTypes[16]
+	mi := &file_admin_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1438,7 +1531,7 @@ func (x *LedgerRecord) String() string {
 func (*LedgerRecord) ProtoMessage() {}
 
 func (x *LedgerRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[16]
+	mi := &file_admin_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1451,7 +1544,7 @@ func (x *LedgerRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LedgerRecord.ProtoReflect.Descriptor instead.
 func (*LedgerRecord) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LedgerRecord) GetTransition() string {
@@ -1521,7 +1614,7 @@ type GetDeadLetterRequest struct {
 
 func (x *GetDeadLetterRequest) Reset() {
 	*x = GetDeadLetterRequest{}
-	mi := &file_admin_v1_admin_proto_msgTypes[17]
+	mi := &file_admin_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1533,7 +1626,7 @@ func (x *GetDeadLetterRequest) String() string {
 func (*GetDeadLetterRequest) ProtoMessage() {}
 
 func (x *GetDeadLetterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[17]
+	mi := &file_admin_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1546,7 +1639,7 @@ func (x *GetDeadLetterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDeadLetterRequest.ProtoReflect.Descriptor instead.
 func (*GetDeadLetterRequest) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetDeadLetterRequest) GetId() string {
@@ -1582,7 +1675,7 @@ type ApproveDeadLetterRequest struct {
 
 func (x *ApproveDeadLetterRequest) Reset() {
 	*x = ApproveDeadLetterRequest{}
-	mi := &file_admin_v1_admin_proto_msgTypes[18]
+	mi := &file_admin_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1594,7 +1687,7 @@ func (x *ApproveDeadLetterRequest) String() string {
 func (*ApproveDeadLetterRequest) ProtoMessage() {}
 
 func (x *ApproveDeadLetterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[18]
+	mi := &file_admin_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1607,7 +1700,7 @@ func (x *ApproveDeadLetterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApproveDeadLetterRequest.ProtoReflect.Descriptor instead.
 func (*ApproveDeadLetterRequest) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ApproveDeadLetterRequest) GetId() string {
@@ -1664,7 +1757,7 @@ type TerminateDeadLetterRequest struct {
 
 func (x *TerminateDeadLetterRequest) Reset() {
 	*x = TerminateDeadLetterRequest{}
-	mi := &file_admin_v1_admin_proto_msgTypes[19]
+	mi := &file_admin_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1676,7 +1769,7 @@ func (x *TerminateDeadLetterRequest) String() string {
 func (*TerminateDeadLetterRequest) ProtoMessage() {}
 
 func (x *TerminateDeadLetterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[19]
+	mi := &file_admin_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1689,7 +1782,7 @@ func (x *TerminateDeadLetterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminateDeadLetterRequest.ProtoReflect.Descriptor instead.
 func (*TerminateDeadLetterRequest) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *TerminateDeadLetterRequest) GetId() string {
@@ -1749,7 +1842,7 @@ type CreateReplayRequest struct {
 
 func (x *CreateReplayRequest) Reset() {
 	*x = CreateReplayRequest{}
-	mi := &file_admin_v1_admin_proto_msgTypes[20]
+	mi := &file_admin_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1761,7 +1854,7 @@ func (x *CreateReplayRequest) String() string {
 func (*CreateReplayRequest) ProtoMessage() {}
 
 func (x *CreateReplayRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[20]
+	mi := &file_admin_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1774,7 +1867,7 @@ func (x *CreateReplayRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateReplayRequest.ProtoReflect.Descriptor instead.
 func (*CreateReplayRequest) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CreateReplayRequest) GetIds() []string {
@@ -1891,7 +1984,7 @@ type GetReplayRequest struct {
 
 func (x *GetReplayRequest) Reset() {
 	*x = GetReplayRequest{}
-	mi := &file_admin_v1_admin_proto_msgTypes[21]
+	mi := &file_admin_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1903,7 +1996,7 @@ func (x *GetReplayRequest) String() string {
 func (*GetReplayRequest) ProtoMessage() {}
 
 func (x *GetReplayRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[21]
+	mi := &file_admin_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1916,7 +2009,7 @@ func (x *GetReplayRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplayRequest.ProtoReflect.Descriptor instead.
 func (*GetReplayRequest) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetReplayRequest) GetId() string {
@@ -1937,7 +2030,7 @@ type CancelReplayRequest struct {
 
 func (x *CancelReplayRequest) Reset() {
 	*x = CancelReplayRequest{}
-	mi := &file_admin_v1_admin_proto_msgTypes[22]
+	mi := &file_admin_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1949,7 +2042,7 @@ func (x *CancelReplayRequest) String() string {
 func (*CancelReplayRequest) ProtoMessage() {}
 
 func (x *CancelReplayRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[22]
+	mi := &file_admin_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1962,7 +2055,7 @@ func (x *CancelReplayRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelReplayRequest.ProtoReflect.Descriptor instead.
 func (*CancelReplayRequest) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CancelReplayRequest) GetId() string {
@@ -1995,7 +2088,7 @@ type ListReplaysRequest struct {
 
 func (x *ListReplaysRequest) Reset() {
 	*x = ListReplaysRequest{}
-	mi := &file_admin_v1_admin_proto_msgTypes[23]
+	mi := &file_admin_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2007,7 +2100,7 @@ func (x *ListReplaysRequest) String() string {
 func (*ListReplaysRequest) ProtoMessage() {}
 
 func (x *ListReplaysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[23]
+	mi := &file_admin_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2020,7 +2113,7 @@ func (x *ListReplaysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReplaysRequest.ProtoReflect.Descriptor instead.
 func (*ListReplaysRequest) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListReplaysRequest) GetSource() string {
@@ -2039,7 +2132,7 @@ type ListReplaysResponse struct {
 
 func (x *ListReplaysResponse) Reset() {
 	*x = ListReplaysResponse{}
-	mi := &file_admin_v1_admin_proto_msgTypes[24]
+	mi := &file_admin_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2051,7 +2144,7 @@ func (x *ListReplaysResponse) String() string {
 func (*ListReplaysResponse) ProtoMessage() {}
 
 func (x *ListReplaysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[24]
+	mi := &file_admin_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2064,7 +2157,7 @@ func (x *ListReplaysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReplaysResponse.ProtoReflect.Descriptor instead.
 func (*ListReplaysResponse) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{24}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListReplaysResponse) GetReplays() []*Replay {
@@ -2109,7 +2202,7 @@ type Replay struct {
 
 func (x *Replay) Reset() {
 	*x = Replay{}
-	mi := &file_admin_v1_admin_proto_msgTypes[25]
+	mi := &file_admin_v1_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2121,7 +2214,7 @@ func (x *Replay) String() string {
 func (*Replay) ProtoMessage() {}
 
 func (x *Replay) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[25]
+	mi := &file_admin_v1_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2134,7 +2227,7 @@ func (x *Replay) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Replay.ProtoReflect.Descriptor instead.
 func (*Replay) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{25}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Replay) GetId() string {
@@ -2293,7 +2386,7 @@ type Progress struct {
 
 func (x *Progress) Reset() {
 	*x = Progress{}
-	mi := &file_admin_v1_admin_proto_msgTypes[26]
+	mi := &file_admin_v1_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2305,7 +2398,7 @@ func (x *Progress) String() string {
 func (*Progress) ProtoMessage() {}
 
 func (x *Progress) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[26]
+	mi := &file_admin_v1_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2318,7 +2411,7 @@ func (x *Progress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Progress.ProtoReflect.Descriptor instead.
 func (*Progress) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{26}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Progress) GetSelected() int64 {
@@ -2401,7 +2494,7 @@ const file_admin_v1_admin_proto_rawDesc = "" +
 	"\x0eoverload_until\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\roverloadUntil\"8\n" +
 	"\x06Budget\x12\x16\n" +
 	"\x06tokens\x18\x01 \x01(\x01R\x06tokens\x12\x16\n" +
-	"\x06denied\x18\x02 \x01(\x04R\x06denied\"\x89\x03\n" +
+	"\x06denied\x18\x02 \x01(\x04R\x06denied\"\xbe\x03\n" +
 	"\fSourceStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06broker\x18\x02 \x01(\tR\x06broker\x12\x12\n" +
@@ -2414,7 +2507,16 @@ const file_admin_v1_admin_proto_rawDesc = "" +
 	"\vretry_tiers\x18\t \x03(\v2\x1b.handoff.admin.v1.RetryTierR\n" +
 	"retryTiers\x12E\n" +
 	"\fdead_letters\x18\n" +
-	" \x01(\v2\".handoff.admin.v1.DeadLetterCountsR\vdeadLetters\"\x80\x01\n" +
+	" \x01(\v2\".handoff.admin.v1.DeadLetterCountsR\vdeadLetters\x123\n" +
+	"\abacklog\x18\v \x01(\v2\x19.handoff.admin.v1.BacklogR\abacklog\"\xc2\x01\n" +
+	"\aBacklog\x12\x1a\n" +
+	"\bmessages\x18\x01 \x01(\x03R\bmessages\x12!\n" +
+	"\farrival_rate\x18\x02 \x01(\x01R\varrivalRate\x12'\n" +
+	"\x0fcompletion_rate\x18\x03 \x01(\x01R\x0ecompletionRate\x12\x1e\n" +
+	"\n" +
+	"converging\x18\x04 \x01(\bR\n" +
+	"converging\x12/\n" +
+	"\x05drain\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x05drain\"\x80\x01\n" +
 	"\tRetryTier\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12/\n" +
 	"\x05delay\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05delay\x12\x18\n" +
@@ -2622,106 +2724,109 @@ func file_admin_v1_admin_proto_rawDescGZIP() []byte {
 	return file_admin_v1_admin_proto_rawDescData
 }
 
-var file_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_admin_v1_admin_proto_goTypes = []any{
 	(*GetStatusRequest)(nil),           // 0: handoff.admin.v1.GetStatusRequest
 	(*Status)(nil),                     // 1: handoff.admin.v1.Status
 	(*Calls)(nil),                      // 2: handoff.admin.v1.Calls
 	(*Budget)(nil),                     // 3: handoff.admin.v1.Budget
 	(*SourceStatus)(nil),               // 4: handoff.admin.v1.SourceStatus
-	(*RetryTier)(nil),                  // 5: handoff.admin.v1.RetryTier
-	(*Journal)(nil),                    // 6: handoff.admin.v1.Journal
-	(*GetEventRequest)(nil),            // 7: handoff.admin.v1.GetEventRequest
-	(*Event)(nil),                      // 8: handoff.admin.v1.Event
-	(*Handoff)(nil),                    // 9: handoff.admin.v1.Handoff
-	(*Step)(nil),                       // 10: handoff.admin.v1.Step
-	(*ListDeadLettersRequest)(nil),     // 11: handoff.admin.v1.ListDeadLettersRequest
-	(*ListDeadLettersResponse)(nil),    // 12: handoff.admin.v1.ListDeadLettersResponse
-	(*DeadLetterCounts)(nil),           // 13: handoff.admin.v1.DeadLetterCounts
-	(*DeadLetter)(nil),                 // 14: handoff.admin.v1.DeadLetter
-	(*Repair)(nil),                     // 15: handoff.admin.v1.Repair
-	(*LedgerRecord)(nil),               // 16: handoff.admin.v1.LedgerRecord
-	(*GetDeadLetterRequest)(nil),       // 17: handoff.admin.v1.GetDeadLetterRequest
-	(*ApproveDeadLetterRequest)(nil),   // 18: handoff.admin.v1.ApproveDeadLetterRequest
-	(*TerminateDeadLetterRequest)(nil), // 19: handoff.admin.v1.TerminateDeadLetterRequest
-	(*CreateReplayRequest)(nil),        // 20: handoff.admin.v1.CreateReplayRequest
-	(*GetReplayRequest)(nil),           // 21: handoff.admin.v1.GetReplayRequest
-	(*CancelReplayRequest)(nil),        // 22: handoff.admin.v1.CancelReplayRequest
-	(*ListReplaysRequest)(nil),         // 23: handoff.admin.v1.ListReplaysRequest
-	(*ListReplaysResponse)(nil),        // 24: handoff.admin.v1.ListReplaysResponse
-	(*Replay)(nil),                     // 25: handoff.admin.v1.Replay
-	(*Progress)(nil),                   // 26: handoff.admin.v1.Progress
-	nil,                                // 27: handoff.admin.v1.DeadLetterCounts.ByStateEntry
-	nil,                                // 28: handoff.admin.v1.DeadLetter.HeadersEntry
-	(*timestamppb.Timestamp)(nil),      // 29: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),        // 30: google.protobuf.Duration
+	(*Backlog)(nil),                    // 5: handoff.admin.v1.Backlog
+	(*RetryTier)(nil),                  // 6: handoff.admin.v1.RetryTier
+	(*Journal)(nil),                    // 7: handoff.admin.v1.Journal
+	(*GetEventRequest)(nil),            // 8: handoff.admin.v1.GetEventRequest
+	(*Event)(nil),                      // 9: handoff.admin.v1.Event
+	(*Handoff)(nil),                    // 10: handoff.admin.v1.Handoff
+	(*Step)(nil),                       // 11: handoff.admin.v1.Step
+	(*ListDeadLettersRequest)(nil),     // 12: handoff.admin.v1.ListDeadLettersRequest
+	(*ListDeadLettersResponse)(nil),    // 13: handoff.admin.v1.ListDeadLettersResponse
+	(*DeadLetterCounts)(nil),           // 14: handoff.admin.v1.DeadLetterCounts
+	(*DeadLetter)(nil),                 // 15: handoff.admin.v1.DeadLetter
+	(*Repair)(nil),                     // 16: handoff.admin.v1.Repair
+	(*LedgerRecord)(nil),               // 17: handoff.admin.v1.LedgerRecord
+	(*GetDeadLetterRequest)(nil),       // 18: handoff.admin.v1.GetDeadLetterRequest
+	(*ApproveDeadLetterRequest)(nil),   // 19: handoff.admin.v1.ApproveDeadLetterRequest
+	(*TerminateDeadLetterRequest)(nil), // 20: handoff.admin.v1.TerminateDeadLetterRequest
+	(*CreateReplayRequest)(nil),        // 21: handoff.admin.v1.CreateReplayRequest
+	(*GetReplayRequest)(nil),           // 22: handoff.admin.v1.GetReplayRequest
+	(*CancelReplayRequest)(nil),        // 23: handoff.admin.v1.CancelReplayRequest
+	(*ListReplaysRequest)(nil),         // 24: handoff.admin.v1.ListReplaysRequest
+	(*ListReplaysResponse)(nil),        // 25: handoff.admin.v1.ListReplaysResponse
+	(*Replay)(nil),                     // 26: handoff.admin.v1.Replay
+	(*Progress)(nil),                   // 27: handoff.admin.v1.Progress
+	nil,                                // 28: handoff.admin.v1.DeadLetterCounts.ByStateEntry
+	nil,                                // 29: handoff.admin.v1.DeadLetter.HeadersEntry
+	(*timestamppb.Timestamp)(nil),      // 30: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 31: google.protobuf.Duration
 }
 var file_admin_v1_admin_proto_depIdxs = []int32{
-	29, // 0: handoff.admin.v1.Status.started_at:type_name -> google.protobuf.Timestamp
+	30, // 0: handoff.admin.v1.Status.started_at:type_name -> google.protobuf.Timestamp
 	4,  // 1: handoff.admin.v1.Status.sources:type_name -> handoff.admin.v1.SourceStatus
 	2,  // 2: handoff.admin.v1.Status.calls:type_name -> handoff.admin.v1.Calls
 	3,  // 3: handoff.admin.v1.Status.budget:type_name -> handoff.admin.v1.Budget
-	6,  // 4: handoff.admin.v1.Status.journal:type_name -> handoff.admin.v1.Journal
-	29, // 5: handoff.admin.v1.Calls.overload_until:type_name -> google.protobuf.Timestamp
-	30, // 6: handoff.admin.v1.SourceStatus.oldest_unsettled_age:type_name -> google.protobuf.Duration
-	5,  // 7: handoff.admin.v1.SourceStatus.retry_tiers:type_name -> handoff.admin.v1.RetryTier
-	13, // 8: handoff.admin.v1.SourceStatus.dead_letters:type_name -> handoff.admin.v1.DeadLetterCounts
-	30, // 9: handoff.admin.v1.RetryTier.delay:type_name -> google.protobuf.Duration
-	30, // 10: handoff.admin.v1.Journal.commit_p50:type_name -> google.protobuf.Duration
-	30, // 11: handoff.admin.v1.Journal.commit_max:type_name -> google.protobuf.Duration
-	9,  // 12: handoff.admin.v1.Event.handoffs:type_name -> handoff.admin.v1.Handoff
-	10, // 13: handoff.admin.v1.Handoff.steps:type_name -> handoff.admin.v1.Step
-	29, // 14: handoff.admin.v1.Step.at:type_name -> google.protobuf.Timestamp
-	30, // 15: handoff.admin.v1.Step.latency:type_name -> google.protobuf.Duration
-	29, // 16: handoff.admin.v1.ListDeadLettersRequest.since:type_name -> google.protobuf.Timestamp
-	29, // 17: handoff.admin.v1.ListDeadLettersRequest.until:type_name -> google.protobuf.Timestamp
-	14, // 18: handoff.admin.v1.ListDeadLettersResponse.dead_letters:type_name -> handoff.admin.v1.DeadLetter
-	13, // 19: handoff.admin.v1.ListDeadLettersResponse.counts:type_name -> handoff.admin.v1.DeadLetterCounts
-	27, // 20: handoff.admin.v1.DeadLetterCounts.by_state:type_name -> handoff.admin.v1.DeadLetterCounts.ByStateEntry
-	29, // 21: handoff.admin.v1.DeadLetterCounts.oldest_open_at:type_name -> google.protobuf.Timestamp
-	30, // 22: handoff.admin.v1.DeadLetterCounts.oldest_open_age:type_name -> google.protobuf.Duration
-	29, // 23: handoff.admin.v1.DeadLetter.first_failure_at:type_name -> google.protobuf.Timestamp
-	29, // 24: handoff.admin.v1.DeadLetter.dead_lettered_at:type_name -> google.protobuf.Timestamp
-	28, // 25: handoff.admin.v1.DeadLetter.headers:type_name -> handoff.admin.v1.DeadLetter.HeadersEntry
-	15, // 26: handoff.admin.v1.DeadLetter.repair:type_name -> handoff.admin.v1.Repair
-	16, // 27: handoff.admin.v1.DeadLetter.history:type_name -> handoff.admin.v1.LedgerRecord
-	9,  // 28: handoff.admin.v1.DeadLetter.handoffs:type_name -> handoff.admin.v1.Handoff
-	29, // 29: handoff.admin.v1.LedgerRecord.at:type_name -> google.protobuf.Timestamp
-	15, // 30: handoff.admin.v1.LedgerRecord.repair:type_name -> handoff.admin.v1.Repair
-	29, // 31: handoff.admin.v1.CreateReplayRequest.since:type_name -> google.protobuf.Timestamp
-	29, // 32: handoff.admin.v1.CreateReplayRequest.until:type_name -> google.protobuf.Timestamp
-	30, // 33: handoff.admin.v1.CreateReplayRequest.sample_timeout:type_name -> google.protobuf.Duration
-	25, // 34: handoff.admin.v1.ListReplaysResponse.replays:type_name -> handoff.admin.v1.Replay
-	29, // 35: handoff.admin.v1.Replay.heartbeat_at:type_name -> google.protobuf.Timestamp
-	29, // 36: handoff.admin.v1.Replay.created_at:type_name -> google.protobuf.Timestamp
-	29, // 37: handoff.admin.v1.Replay.ended_at:type_name -> google.protobuf.Timestamp
-	26, // 38: handoff.admin.v1.Replay.progress:type_name -> handoff.admin.v1.Progress
-	30, // 39: handoff.admin.v1.Progress.eta:type_name -> google.protobuf.Duration
-	0,  // 40: handoff.admin.v1.Admin.GetStatus:input_type -> handoff.admin.v1.GetStatusRequest
-	7,  // 41: handoff.admin.v1.Admin.GetEvent:input_type -> handoff.admin.v1.GetEventRequest
-	17, // 42: handoff.admin.v1.Admin.GetDeadLetter:input_type -> handoff.admin.v1.GetDeadLetterRequest
-	11, // 43: handoff.admin.v1.Admin.ListDeadLetters:input_type -> handoff.admin.v1.ListDeadLettersRequest
-	18, // 44: handoff.admin.v1.Admin.ApproveDeadLetter:input_type -> handoff.admin.v1.ApproveDeadLetterRequest
-	19, // 45: handoff.admin.v1.Admin.TerminateDeadLetter:input_type -> handoff.admin.v1.TerminateDeadLetterRequest
-	20, // 46: handoff.admin.v1.Admin.CreateReplay:input_type -> handoff.admin.v1.CreateReplayRequest
-	21, // 47: handoff.admin.v1.Admin.GetReplay:input_type -> handoff.admin.v1.GetReplayRequest
-	23, // 48: handoff.admin.v1.Admin.ListReplays:input_type -> handoff.admin.v1.ListReplaysRequest
-	22, // 49: handoff.admin.v1.Admin.CancelReplay:input_type -> handoff.admin.v1.CancelReplayRequest
-	1,  // 50: handoff.admin.v1.Admin.GetStatus:output_type -> handoff.admin.v1.Status
-	8,  // 51: handoff.admin.v1.Admin.GetEvent:output_type -> handoff.admin.v1.Event
-	14, // 52: handoff.admin.v1.Admin.GetDeadLetter:output_type -> handoff.admin.v1.DeadLetter
-	12, // 53: handoff.admin.v1.Admin.ListDeadLetters:output_type -> handoff.admin.v1.ListDeadLettersResponse
-	14, // 54: handoff.admin.v1.Admin.ApproveDeadLetter:output_type -> handoff.admin.v1.DeadLetter
-	14, // 55: handoff.admin.v1.Admin.TerminateDeadLetter:output_type -> handoff.admin.v1.DeadLetter
-	25, // 56: handoff.admin.v1.Admin.CreateReplay:output_type -> handoff.admin.v1.Replay
-	25, // 57: handoff.admin.v1.Admin.GetReplay:output_type -> handoff.admin.v1.Replay
-	24, // 58: handoff.admin.v1.Admin.ListReplays:output_type -> handoff.admin.v1.ListReplaysResponse
-	25, // 59: handoff.admin.v1.Admin.CancelReplay:output_type -> handoff.admin.v1.Replay
-	50, // [50:60] is the sub-list for method output_type
-	40, // [40:50] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	7,  // 4: handoff.admin.v1.Status.journal:type_name -> handoff.admin.v1.Journal
+	30, // 5: handoff.admin.v1.Calls.overload_until:type_name -> google.protobuf.Timestamp
+	31, // 6: handoff.admin.v1.SourceStatus.oldest_unsettled_age:type_name -> google.protobuf.Duration
+	6,  // 7: handoff.admin.v1.SourceStatus.retry_tiers:type_name -> handoff.admin.v1.RetryTier
+	14, // 8: handoff.admin.v1.SourceStatus.dead_letters:type_name -> handoff.admin.v1.DeadLetterCounts
+	5,  // 9: handoff.admin.v1.SourceStatus.backlog:type_name -> handoff.admin.v1.Backlog
+	31, // 10: handoff.admin.v1.Backlog.drain:type_name -> google.protobuf.Duration
+	31, // 11: handoff.admin.v1.RetryTier.delay:type_name -> google.protobuf.Duration
+	31, // 12: handoff.admin.v1.Journal.commit_p50:type_name -> google.protobuf.Duration
+	31, // 13: handoff.admin.v1.Journal.commit_max:type_name -> google.protobuf.Duration
+	10, // 14: handoff.admin.v1.Event.handoffs:type_name -> handoff.admin.v1.Handoff
+	11, // 15: handoff.admin.v1.Handoff.steps:type_name -> handoff.admin.v1.Step
+	30, // 16: handoff.admin.v1.Step.at:type_name -> google.protobuf.Timestamp
+	31, // 17: handoff.admin.v1.Step.latency:type_name -> google.protobuf.Duration
+	30, // 18: handoff.admin.v1.ListDeadLettersRequest.since:type_name -> google.protobuf.Timestamp
+	30, // 19: handoff.admin.v1.ListDeadLettersRequest.until:type_name -> google.protobuf.Timestamp
+	15, // 20: handoff.admin.v1.ListDeadLettersResponse.dead_letters:type_name -> handoff.admin.v1.DeadLetter
+	14, // 21: handoff.admin.v1.ListDeadLettersResponse.counts:type_name -> handoff.admin.v1.DeadLetterCounts
+	28, // 22: handoff.admin.v1.DeadLetterCounts.by_state:type_name -> handoff.admin.v1.DeadLetterCounts.ByStateEntry
+	30, // 23: handoff.admin.v1.DeadLetterCounts.oldest_open_at:type_name -> google.protobuf.Timestamp
+	31, // 24: handoff.admin.v1.DeadLetterCounts.oldest_open_age:type_name -> google.protobuf.Duration
+	30, // 25: handoff.admin.v1.DeadLetter.first_failure_at:type_name -> google.protobuf.Timestamp
+	30, // 26: handoff.admin.v1.DeadLetter.dead_lettered_at:type_name -> google.protobuf.Timestamp
+	29, // 27: handoff.admin.v1.DeadLetter.headers:type_name -> handoff.admin.v1.DeadLetter.HeadersEntry
+	16, // 28: handoff.admin.v1.DeadLetter.repair:type_name -> handoff.admin.v1.Repair
+	17, // 29: handoff.admin.v1.DeadLetter.history:type_name -> handoff.admin.v1.LedgerRecord
+	10, // 30: handoff.admin.v1.DeadLetter.handoffs:type_name -> handoff.admin.v1.Handoff
+	30, // 31: handoff.admin.v1.LedgerRecord.at:type_name -> google.protobuf.Timestamp
+	16, // 32: handoff.admin.v1.LedgerRecord.repair:type_name -> handoff.admin.v1.Repair
+	30, // 33: handoff.admin.v1.CreateReplayRequest.since:type_name -> google.protobuf.Timestamp
+	30, // 34: handoff.admin.v1.CreateReplayRequest.until:type_name -> google.protobuf.Timestamp
+	31, // 35: handoff.admin.v1.CreateReplayRequest.sample_timeout:type_name -> google.protobuf.Duration
+	26, // 36: handoff.admin.v1.ListReplaysResponse.replays:type_name -> handoff.admin.v1.Replay
+	30, // 37: handoff.admin.v1.Replay.heartbeat_at:type_name -> google.protobuf.Timestamp
+	30, // 38: handoff.admin.v1.Replay.created_at:type_name -> google.protobuf.Timestamp
+	30, // 39: handoff.admin.v1.Replay.ended_at:type_name -> google.protobuf.Timestamp
+	27, // 40: handoff.admin.v1.Replay.progress:type_name -> handoff.admin.v1.Progress
+	31, // 41: handoff.admin.v1.Progress.eta:type_name -> google.protobuf.Duration
+	0,  // 42: handoff.admin.v1.Admin.GetStatus:input_type -> handoff.admin.v1.GetStatusRequest
+	8,  // 43: handoff.admin.v1.Admin.GetEvent:input_type -> handoff.admin.v1.GetEventRequest
+	18, // 44: handoff.admin.v1.Admin.GetDeadLetter:input_type -> handoff.admin.v1.GetDeadLetterRequest
+	12, // 45: handoff.admin.v1.Admin.ListDeadLetters:input_type -> handoff.admin.v1.ListDeadLettersRequest
+	19, // 46: handoff.admin.v1.Admin.ApproveDeadLetter:input_type -> handoff.admin.v1.ApproveDeadLetterRequest
+	20, // 47: handoff.admin.v1.Admin.TerminateDeadLetter:input_type -> handoff.admin.v1.TerminateDeadLetterRequest
+	21, // 48: handoff.admin.v1.Admin.CreateReplay:input_type -> handoff.admin.v1.CreateReplayRequest
+	22, // 49: handoff.admin.v1.Admin.GetReplay:input_type -> handoff.admin.v1.GetReplayRequest
+	24, // 50: handoff.admin.v1.Admin.ListReplays:input_type -> handoff.admin.v1.ListReplaysRequest
+	23, // 51: handoff.admin.v1.Admin.CancelReplay:input_type -> handoff.admin.v1.CancelReplayRequest
+	1,  // 52: handoff.admin.v1.Admin.GetStatus:output_type -> handoff.admin.v1.Status
+	9,  // 53: handoff.admin.v1.Admin.GetEvent:output_type -> handoff.admin.v1.Event
+	15, // 54: handoff.admin.v1.Admin.GetDeadLetter:output_type -> handoff.admin.v1.DeadLetter
+	13, // 55: handoff.admin.v1.Admin.ListDeadLetters:output_type -> handoff.admin.v1.ListDeadLettersResponse
+	15, // 56: handoff.admin.v1.Admin.ApproveDeadLetter:output_type -> handoff.admin.v1.DeadLetter
+	15, // 57: handoff.admin.v1.Admin.TerminateDeadLetter:output_type -> handoff.admin.v1.DeadLetter
+	26, // 58: handoff.admin.v1.Admin.CreateReplay:output_type -> handoff.admin.v1.Replay
+	26, // 59: handoff.admin.v1.Admin.GetReplay:output_type -> handoff.admin.v1.Replay
+	25, // 60: handoff.admin.v1.Admin.ListReplays:output_type -> handoff.admin.v1.ListReplaysResponse
+	26, // 61: handoff.admin.v1.Admin.CancelReplay:output_type -> handoff.admin.v1.Replay
+	52, // [52:62] is the sub-list for method output_type
+	42, // [42:52] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_admin_v1_admin_proto_init() }
@@ -2735,7 +2840,7 @@ func file_admin_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_admin_v1_admin_proto_rawDesc), len(file_admin_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   29,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
