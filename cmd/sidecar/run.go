@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
 	"handoff.dev/handoff/internal/budget"
@@ -133,6 +134,9 @@ type hooks struct {
 	part func(ctx context.Context) error
 	// drainEvery, when set, is how often backlogs are read (drainEvery).
 	drainEvery time.Duration
+	// tracerProvider, when set, is where the attempts' spans go (a test's
+	// in-memory one), in place of telemetry.otlp_endpoint's.
+	tracerProvider trace.TracerProvider
 }
 
 // serve runs the sidecar until ctx is done, then shuts down in order: not
@@ -243,6 +247,15 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 		HeartbeatTTL: cfg.DeadLetter.ReplayTakeover.D(),
 	})
 
+	tr, stopTracing, err := tracer(cfg.Telemetry, hk, jr.InstanceID())
+	if err != nil {
+		for _, b := range sources {
+			b.close()
+		}
+		return &exitError{code: exitConfig, err: err}
+	}
+	defer stopTracing()
+
 	// One budget pays for re-attempts and for the extra requests of
 	// splitting a failed batch alike: both are load that failures add.
 	retryBudget := budget.NewRetryBudget(cfg.Budget.Ratio, cfg.Budget.MinPerSecond, cfg.Budget.Window.D(), nil)
@@ -268,6 +281,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 		TrustProducerDeadline: cfg.Retry.TrustProducerDeadline,
 		Replayed:              deadLetters.Handled,
 		Observer:              metrics,
+		Tracer:                tr,
 	})
 	if err := observeEngine(metrics, engine, deadLetters); err != nil {
 		return fmt.Errorf("metrics: %w", err)

@@ -46,10 +46,12 @@ func rabbitSource(sc config.Source, tiers []time.Duration, deadLetterRetention t
 			Republisher: c,
 		},
 		route: dispatch.Route{
-			Name:     sc.Name,
-			Sources:  []dispatch.Source{c.Source(), c.RetrySource()},
-			Transfer: c,
-			CESource: "/rabbitmq/" + r.Queue,
+			Name:        sc.Name,
+			System:      "rabbitmq",
+			Destination: r.Queue,
+			Sources:     []dispatch.Source{c.Source(), c.RetrySource()},
+			Transfer:    c,
+			CESource:    "/rabbitmq/" + r.Queue,
 		},
 		ready: func() error {
 			if !c.Connected() {
@@ -110,10 +112,12 @@ func kafkaSource(sc config.Source, tiers []time.Duration, deadLetterRetention ti
 			Republisher: c,
 		},
 		route: dispatch.Route{
-			Name:     sc.Name,
-			Sources:  []dispatch.Source{c},
-			Transfer: c,
-			CESource: "/kafka/" + k.Topic,
+			Name:        sc.Name,
+			System:      "kafka",
+			Destination: k.Topic,
+			Sources:     []dispatch.Source{c},
+			Transfer:    c,
+			CESource:    "/kafka/" + k.Topic,
 			// Ordered modes retry where the record is: a copy in a retry
 			// topic would let the records behind it overtake it.
 			InPlace: k.Ordering != "none",

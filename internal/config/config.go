@@ -182,8 +182,17 @@ const MaxTokenNameLen = 64
 
 // Telemetry is the metrics and health listener.
 type Telemetry struct {
-	// MetricsListen serves /healthz and /readyz. Empty disables it.
+	// MetricsListen serves /healthz, /readyz and /metrics. Empty disables it.
 	MetricsListen string `yaml:"metrics_listen"`
+	// OTLPEndpoint, host:port of an OTLP/gRPC collector, turns tracing on:
+	// a span per attempt, exported there. Empty leaves tracing off.
+	OTLPEndpoint string `yaml:"otlp_endpoint"`
+	// OTLPInsecure sends to the collector without TLS (a local agent).
+	OTLPInsecure bool `yaml:"otlp_insecure"`
+	// TraceSampleRatio is the share of traces started here that are kept;
+	// a message whose producer sampled its trace (or not) is followed as
+	// the producer decided (parent-based). 1 keeps every one.
+	TraceSampleRatio float64 `yaml:"trace_sample_ratio"`
 }
 
 // Shutdown bounds the drain on SIGTERM.
@@ -212,7 +221,7 @@ func Default() Config {
 		Journal:    Journal{Path: "./handoff.db", Sync: "batch", Retention: Duration(24 * time.Hour)},
 		DeadLetter: DeadLetter{Retention: Duration(DefaultDeadLetterRetention), Poll: Duration(time.Second), ReplayTakeover: Duration(10 * time.Second)},
 		Admin:      Admin{Listen: "127.0.0.1:9400", TokenName: "admin"},
-		Telemetry:  Telemetry{MetricsListen: "127.0.0.1:9464"},
+		Telemetry:  Telemetry{MetricsListen: "127.0.0.1:9464", TraceSampleRatio: 1},
 		Shutdown:   Shutdown{DrainTimeout: Duration(30 * time.Second)},
 	}
 }

@@ -90,6 +90,12 @@ func (c *Config) Validate() error {
 	}
 	c.Admin.validate(&ps)
 	validateListen("telemetry.metrics_listen", c.Telemetry.MetricsListen, true, &ps)
+	if c.Telemetry.OTLPEndpoint != "" {
+		validateListen("telemetry.otlp_endpoint", c.Telemetry.OTLPEndpoint, false, &ps)
+	}
+	if !(c.Telemetry.TraceSampleRatio >= 0 && c.Telemetry.TraceSampleRatio <= 1) {
+		ps.add("telemetry.trace_sample_ratio", "want a share from 0 to 1, got %v", c.Telemetry.TraceSampleRatio)
+	}
 	if c.Shutdown.DrainTimeout < 0 {
 		ps.add("shutdown.drain_timeout", "must not be negative")
 	}

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/budget"
 	"handoff.dev/handoff/internal/journal"
@@ -52,6 +54,9 @@ type Options struct {
 	Replayed func(ctx context.Context, route string, t broker.Trail)
 	// Observer is told what the engine does, for metrics; nil tells no one.
 	Observer Observer
+	// Tracer, when set, makes a span of each attempt (see startAttempt);
+	// nil turns tracing off.
+	Tracer trace.Tracer
 	// Fault, when set, is called at each crash window of a hand-off (see the
 	// Window constants); a non-nil error stops that hand-off right there, as
 	// a crash would, leaving the delivery unsettled. Tests use it.

@@ -53,6 +53,10 @@ type handoff struct {
 	// unreadable says why a message labelled as a structured CloudEvent is
 	// not one: it is dead-lettered as malformed, never handed to the app.
 	unreadable error
+	// rootTrace and rootState are the trace context this hand-off started,
+	// for a message that carried none: its copies carry it (see
+	// startAttempt).
+	rootTrace, rootState string
 }
 
 // logger returns the hand-off's logger, with its source and event id.
@@ -329,7 +333,9 @@ func (h *handoff) attempt(ctx context.Context) {
 			e.o.Budget.Deposit()
 			budgeted = 1
 		}
+		span := h.startAttempt(ctx, &req)
 		res := e.o.Handler.Deliver(ctx, &req)
+		endAttempt(span, res)
 		if ctx.Err() != nil {
 			// Shutdown cut the call short: its result says nothing about the app.
 			e.limiter.Release(0)

@@ -65,9 +65,12 @@ type Journal interface {
 // retry queue or topics, which may share one consumer) and the transferer for
 // its copies.
 type Route struct {
-	Name     string
-	Sources  []Source
-	Transfer Transferer
+	Name string
+	// System is the broker, rabbitmq or kafka, and Destination the queue
+	// or topic: a span's messaging attributes.
+	System, Destination string
+	Sources             []Source
+	Transfer            Transferer
 	// CESource is the ce-source given to messages that carry none.
 	CESource string
 	// InPlace retries a failed message where it is — the delivery stays

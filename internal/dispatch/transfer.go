@@ -41,6 +41,14 @@ func (h *handoff) transfer(ctx context.Context, trail broker.Headers, dest broke
 			copyTrail.DeadLetteredAt = time.Time{}
 		}
 		trail = copyTrail.Headers()
+		if h.rootTrace != "" {
+			// The message carried no trace context: its copy carries the one
+			// its first attempt started, so the next attempt joins it.
+			trail[headerTraceParent] = h.rootTrace
+			if h.rootState != "" {
+				trail[headerTraceState] = h.rootState
+			}
+		}
 		// The copy is written down before it exists: after a crash the
 		// journal says it may exist, and it is published again.
 		recs := append(before, journal.Record{Kind: journal.Transferring, Hop: next, Attempt: copyTrail.Attempt,

@@ -286,6 +286,14 @@ func attemptMetadata(r *Request) metadata.MD {
 			}
 		}
 	}
+	if r.TraceParent != "" && metadataValue(r.TraceParent) {
+		// The attempt's span replaces the message's context.
+		md["traceparent"] = []string{r.TraceParent}
+		delete(md, "tracestate")
+		if r.TraceState != "" && metadataValue(r.TraceState) {
+			md["tracestate"] = []string{r.TraceState}
+		}
+	}
 	return md
 }
 

@@ -63,6 +63,15 @@ func setHeaders(h http.Header, r *Request) {
 	if r.ReplayID != "" {
 		set("Handoff-Replay-Id", r.ReplayID)
 	}
+	if r.TraceParent != "" {
+		// The attempt's span, child of the message's: the app's own spans
+		// join the message's trace under it.
+		set("Traceparent", r.TraceParent)
+		delete(h, "Tracestate")
+		if r.TraceState != "" {
+			set("Tracestate", r.TraceState)
+		}
+	}
 }
 
 // ceAttributes is the one place that says which CloudEvents attributes a

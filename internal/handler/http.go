@@ -37,6 +37,9 @@ type Request struct {
 	ReplayID    string
 	// Timeout bounds this attempt.
 	Timeout time.Duration
+	// TraceParent and TraceState, when set, are the attempt's span context
+	// (W3C trace context): sent to the app in place of the message's own.
+	TraceParent, TraceState string
 }
 
 // Result is the app's answer, classified.
