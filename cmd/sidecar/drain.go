@@ -61,7 +61,14 @@ func (d *drains) read(ctx context.Context) {
 			}
 			continue
 		}
-		d.est[s.name].Add(telemetry.DrainSample{At: time.Now(), Backlog: b, Taken: d.metrics.Taken(s.name),
+		taken := d.metrics.Taken(s.name)
+		if known {
+			// The group's consumption, all replicas together, as its
+			// committed offsets say: this replica's own count would make μ
+			// one replica's share of a group-wide backlog.
+			taken = produced - b
+		}
+		d.est[s.name].Add(telemetry.DrainSample{At: time.Now(), Backlog: b, Taken: taken,
 			Produced: produced, ProducedKnown: known})
 	}
 }

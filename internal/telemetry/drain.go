@@ -11,11 +11,14 @@ import (
 // readings taken at intervals over a sliding window, and the drain time
 // from the last backlog.
 //
-// μ is the rate of messages the sidecar took from the source (fresh ones,
-// not retry copies: those are not in the source's backlog). λ is the rate
-// of messages produced to the source: from the log's end offsets where the
+// μ is the rate of messages taken from the source (fresh ones, not retry
+// copies: those are not in the source's backlog): the group's, from its
+// committed offsets, on Kafka; this replica's on RabbitMQ. λ is the rate of
+// messages produced to the source: from the log's end offsets where the
 // broker says (Kafka), otherwise μ + dB/dt (RabbitMQ: what arrived is what
-// was taken plus what the backlog grew by).
+// was taken plus what the backlog grew by). With several replicas on
+// RabbitMQ, λ and μ are each one replica's view, but μ−λ = −dB/dt is the
+// queue's, and so is the drain time.
 type Drain struct {
 	window time.Duration
 
