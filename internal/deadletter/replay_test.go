@@ -300,7 +300,7 @@ func TestReplayPausesUnderPressureAndCancels(t *testing.T) {
 	pressure := "app overloaded"
 	m, _ := f.manager(t, "replica-a", f.x, func() string { mu.Lock(); defer mu.Unlock(); return pressure })
 	f.approve(t, m, f.ids, nil)
-	run, err := m.CreateReplay(context.Background(), ReplayRequest{IDs: f.ids, Rate: 1000, BatchSize: 1, Who: "alice"})
+	run, err := m.CreateReplay(context.Background(), ReplayRequest{IDs: f.ids, Rate: 5, BatchSize: 1, Who: "alice"})
 	if err != nil {
 		t.Fatal(err)
 	}

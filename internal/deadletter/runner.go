@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -126,9 +127,10 @@ func (r *runner) run(ctx context.Context) (RunState, string, error) {
 		if p.err != nil {
 			return "", "", p.err
 		}
-		// Read back: waiting for the sample's outcomes needs to know what
-		// was published.
-		if err := r.send(ctx, p, lim, true); err != nil {
+		// Waited for and read back: waiting for the sample's outcomes needs
+		// to know what was published.
+		pl := r.pipeline(ctx, spec, lim)
+		if err := pl.wait(ctx, pl.send(p)); err != nil {
 			return "", "", err
 		}
 		known, failed, err := r.awaitOutcomes(ctx, sample, spec.SampleTimeout)
@@ -151,6 +153,32 @@ func (r *runner) run(ctx context.Context) (RunState, string, error) {
 		n := min(spec.BatchSize, len(rest))
 		batches, rest = append(batches, rest[:n]), rest[n:]
 	}
+	pl := r.pipeline(ctx, spec, lim)
+	stopped, why, err := r.publishBatches(ctx, spec, pl, batches)
+	if err := pl.wait(ctx, err); err != nil {
+		return "", "", err
+	}
+	if stopped {
+		run, err := r.withProgress()
+		if err != nil {
+			return "", "", err
+		}
+		return RunStopped, fmt.Sprintf("%s; %d left unpublished", why, run.Progress.Remaining), nil
+	}
+	run, err = r.withProgress()
+	if err != nil {
+		return "", "", err
+	}
+	return RunCompleted, fmt.Sprintf("%d published, %d skipped", run.Progress.Published, run.Progress.Skipped), nil
+}
+
+// publishBatches starts the batches' publishes, reading each batch's
+// entries while the one before publishes, and looks at the stop threshold
+// after each: it reports whether the run stops there, and why.
+func (r *runner) publishBatches(ctx context.Context, spec RunSpec, pl *pipeline, batches [][]ID) (bool, string, error) {
+	if len(batches) == 0 {
+		return false, "", nil
+	}
 	ahead := r.prepareAsync(ctx, batches, 0)
 	for i := range batches {
 		p := <-ahead
@@ -158,26 +186,22 @@ func (r *runner) run(ctx context.Context) (RunState, string, error) {
 			ahead = r.prepareAsync(ctx, batches, i+1)
 		}
 		if p.err != nil {
-			return "", "", p.err
+			return false, "", p.err
 		}
-		if err := r.send(ctx, p, lim, i+1 == len(batches)); err != nil {
-			return "", "", err
+		if err := pl.send(p); err != nil {
+			return false, "", err
 		}
 		run, err := r.withProgress()
 		if err != nil {
-			return "", "", err
+			return false, "", err
 		}
 		pr := run.Progress
 		if known := pr.Handled + pr.Failed; known > 0 && float64(pr.Failed)/float64(known) > spec.StopFailureRatio {
-			return RunStopped, fmt.Sprintf("stop threshold passed: %d of %d replayed copies failed again (%.2f > %.2f); %d left unpublished",
-				pr.Failed, known, float64(pr.Failed)/float64(known), spec.StopFailureRatio, pr.Remaining), nil
+			return true, fmt.Sprintf("stop threshold passed: %d of %d replayed copies failed again (%.2f > %.2f)",
+				pr.Failed, known, float64(pr.Failed)/float64(known), spec.StopFailureRatio), nil
 		}
 	}
-	run, err = r.withProgress()
-	if err != nil {
-		return "", "", err
-	}
-	return RunCompleted, fmt.Sprintf("%d published, %d skipped", run.Progress.Published, run.Progress.Skipped), nil
+	return false, "", nil
 }
 
 // withProgress is current with the run's progress, which reads every
@@ -245,75 +269,94 @@ func (r *runner) prepare(ctx context.Context, ids []ID) prepared {
 	return p
 }
 
-// send replays a prepared batch, one letter at a time at the limiter's
-// rate, each recorded once its publish is confirmed. With readBack it reads
-// the ledger into the index up to its last record; otherwise the
-// manager's catch-up brings the records.
-func (r *runner) send(ctx context.Context, p prepared, lim *rate.Limiter, readBack bool) error {
-	if len(p.todo) == 0 {
-		return nil
-	}
-	run, err := r.current()
-	if err != nil {
-		return err
-	}
-	msgs, todo := p.msgs, p.todo
-	// Publishes start on the rate's schedule and wait for their confirms
-	// concurrently, up to a batch at once: the rate does not slow down
-	// with the broker's round trips.
+// pipeline publishes across batches: a publish starts on the rate's
+// schedule and waits for its broker's confirm while the next ones start,
+// up to inflight at once, so that neither the confirms' latency nor a
+// batch's end slows the rate. A batch is where the run looks at its stop
+// threshold, not a point where publishing stops.
+type pipeline struct {
+	r     *runner
+	lim   *rate.Limiter
+	g     *errgroup.Group
+	ctx   context.Context
+	slots chan struct{}
+	mu    sync.Mutex
+	last  string // the nonce of the last record appended
+}
+
+// maxInflight bounds the publishes waiting for their confirms at once.
+const maxInflight = 1000
+
+func (r *runner) pipeline(ctx context.Context, spec RunSpec, lim *rate.Limiter) *pipeline {
 	g, gctx := errgroup.WithContext(ctx)
-	// A slot first, then the app's pressure and the rate: the pressure is
-	// read as late as it can be, after the publishes before have returned.
-	slots := make(chan struct{}, run.Spec.BatchSize)
-	var mu sync.Mutex
-	var last string // the nonce of the last record appended
-	for _, l := range todo {
+	// Two seconds of the rate, and at least a batch: room for a loaded
+	// broker's confirms.
+	inflight := min(max(spec.BatchSize, int(math.Ceil(2*spec.Rate))), maxInflight)
+	return &pipeline{r: r, lim: lim, g: g, ctx: gctx, slots: make(chan struct{}, inflight)}
+}
+
+// send starts the publishes of a prepared batch, one letter at a time at
+// the rate, each recorded once its publish is confirmed, and returns once
+// the last has started. An error of an earlier publish, a cancel or a
+// change of runner stops it.
+func (p *pipeline) send(b prepared) error {
+	r := p.r
+	for _, l := range b.todo {
+		// A slot first, then the app's pressure and the rate: the pressure
+		// is read as late as it can be, after the publishes before started.
 		select {
-		case slots <- struct{}{}:
-		case <-gctx.Done():
-		}
-		if gctx.Err() != nil {
-			break
+		case p.slots <- struct{}{}:
+		case <-p.ctx.Done():
+			return p.ctx.Err()
 		}
 		// Waited for first, so that a cancel that came meanwhile is seen.
-		if err := r.wait(gctx); err != nil {
-			break
+		if err := r.wait(p.ctx); err != nil {
+			return err
 		}
-		if err := lim.Wait(gctx); err != nil {
-			break
+		if err := p.lim.Wait(p.ctx); err != nil {
+			return err
 		}
 		run, err := r.current()
 		if err != nil {
-			_ = g.Wait()
 			return err
 		}
-		msg := msgs[l.ID]
+		msg := b.msgs[l.ID]
 		if msg == nil {
-			<-slots
+			<-p.slots
 			r.m.log.Warn("replay: the dead letter's entry is gone from its log; skipped", "replay", r.id, "id", l.ID.String())
 			continue
 		}
-		g.Go(func() error {
-			defer func() { <-slots }()
-			nonce, err := r.replayOne(gctx, &run, l, msg)
+		p.g.Go(func() error {
+			defer func() { <-p.slots }()
+			nonce, err := r.replayOne(p.ctx, &run, l, msg)
 			if err == nil && nonce != "" {
-				mu.Lock()
-				last = nonce
-				mu.Unlock()
+				p.mu.Lock()
+				p.last = nonce
+				p.mu.Unlock()
 			}
 			return err
 		})
 	}
-	if err := g.Wait(); err != nil {
-		return err
+	return nil
+}
+
+// wait waits for every publish started to be confirmed and recorded, and
+// reads the ledger into the index up to the last record, for what comes
+// next to see them (the sample's outcomes, the run's end).
+func (p *pipeline) wait(ctx context.Context, sendErr error) error {
+	if err := p.g.Wait(); err != nil {
+		return err // a publish's error, which stopped the sending
+	}
+	if sendErr != nil {
+		return sendErr
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if last == "" || !readBack {
+	if p.last == "" {
 		return nil
 	}
-	return r.m.o.Index.catchUpLedger(ctx, r.src.Source, last)
+	return p.r.m.o.Index.catchUpLedger(ctx, p.r.src.Source, p.last)
 }
 
 // wait holds the run while the app is under pressure: fresh intake paused,
