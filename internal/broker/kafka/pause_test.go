@@ -95,7 +95,8 @@ func testStaticRestartWhilePaused(t *testing.T, addrs []string, topic, group str
 	produce(t, addrs, recs...)
 	first := newClientWith(t, o)
 	firstRun := startConsuming(first, nil)
-	waitUntil(t, 10*time.Second, "a retry partition paused", func() bool { return paused(first, rt) })
+	// Joining the group comes first: slow on a loaded machine.
+	waitUntil(t, 30*time.Second, "a retry partition paused", func() bool { return paused(first, rt) })
 	firstRun.stop()
 	settled := map[string]bool{}
 	for i, d := range firstRun.got() {
