@@ -113,6 +113,13 @@ func TestMetricsMatchWhatHappened(t *testing.T) {
 				t.Errorf("%s = %v, want %v", name, got, want)
 			}
 		}
+		// Every failure here is a first attempt's; every re-attempt succeeds.
+		if got := sample(fams, "handoff_outcomes_total", map[string]string{"attempt": "again", "outcome": "success"}); got != flaky {
+			t.Errorf("re-attempts that succeeded = %v, want %v", got, flaky)
+		}
+		if got := sample(fams, "handoff_outcomes_total", map[string]string{"attempt": "first"}); got != ok+flaky+bad {
+			t.Errorf("first attempts = %v, want %v", got, ok+flaky+bad)
+		}
 		// 503 is the app saying it is overloaded: retried, as overload.
 		if got := sample(fams, "handoff_outcomes_total", map[string]string{"outcome": "overload"}); got != flaky {
 			t.Errorf("overload outcomes = %v, want %v", got, flaky)

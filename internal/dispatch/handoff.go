@@ -342,7 +342,7 @@ func (h *handoff) attempt(ctx context.Context) {
 			h.handBack()
 			return
 		}
-		e.o.Observer.Attempted(h.r.Name, res.Outcome.String(), res.Latency)
+		e.o.Observer.Attempted(h.r.Name, res.Outcome.String(), req.Attempt == 1, res.Latency)
 		switch res.Outcome {
 		case budget.Unreachable:
 			// The call never reached the app: the token waits for the

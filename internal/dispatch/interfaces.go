@@ -94,7 +94,8 @@ type Observer interface {
 	// Received: retry says the message is a retry copy, not one taken
 	// from the source's own backlog.
 	Received(route string, retry bool)
-	Attempted(route, outcome string, took time.Duration)
+	// Attempted: first says the attempt was the message's first.
+	Attempted(route, outcome string, first bool, took time.Duration)
 	Retried(route, tier string)
 	DeadLettered(route, reason string)
 	Duplicate(route string)
@@ -103,8 +104,8 @@ type Observer interface {
 // noObserver is the Observer of an engine given none.
 type noObserver struct{}
 
-func (noObserver) Received(string, bool)                   {}
-func (noObserver) Attempted(string, string, time.Duration) {}
-func (noObserver) Retried(string, string)                  {}
-func (noObserver) DeadLettered(string, string)             {}
-func (noObserver) Duplicate(string)                        {}
+func (noObserver) Received(string, bool)                         {}
+func (noObserver) Attempted(string, string, bool, time.Duration) {}
+func (noObserver) Retried(string, string)                        {}
+func (noObserver) DeadLettered(string, string)                   {}
+func (noObserver) Duplicate(string)                              {}

@@ -133,13 +133,22 @@ func (m *Metrics) takenOf(source string) *atomic.Int64 {
 	return v.(*atomic.Int64)
 }
 
-// Attempted counts an attempt's outcome and how long the app took.
-func (m *Metrics) Attempted(source, outcome string, took time.Duration) {
-	o := m.set(setKey{"outcome", source, outcome}, func() []attribute.KeyValue {
-		return []attribute.KeyValue{attribute.String("source", source), attribute.String("outcome", outcome)}
+// Attempted counts an attempt's outcome, and whether it was the message's
+// first (attempt="first") or a re-attempt ("again"): the first-failure
+// rate of an incident is over first attempts. The latency histogram is by
+// outcome only.
+func (m *Metrics) Attempted(source, outcome string, first bool, took time.Duration) {
+	attempt := "again"
+	if first {
+		attempt = "first"
+	}
+	o := m.set(setKey{"outcome/" + attempt, source, outcome}, func() []attribute.KeyValue {
+		return []attribute.KeyValue{attribute.String("source", source), attribute.String("outcome", outcome), attribute.String("attempt", attempt)}
 	})
 	m.outcomes.Add(context.Background(), 1, o)
-	m.duration.Record(context.Background(), took.Seconds(), o)
+	m.duration.Record(context.Background(), took.Seconds(), m.set(setKey{"duration", source, outcome}, func() []attribute.KeyValue {
+		return []attribute.KeyValue{attribute.String("source", source), attribute.String("outcome", outcome)}
+	}))
 }
 
 // Retried counts a copy moved to a retry tier.
