@@ -111,8 +111,12 @@ func (r *runner) run(ctx context.Context) (RunState, string, error) {
 		return "", "", err
 	}
 	spec := run.Spec
-	// A burst of two lets a publish delayed by a read catch up its slot.
-	lim := rate.NewLimiter(rate.Limit(spec.Rate), 2)
+	// A batch's worth of burst: a publish held up (a busy machine, a slow
+	// read) catches up its slots, so that the run keeps its rate on
+	// average; the bucket is emptied wherever the run starts or pauses, so
+	// that it never bursts ahead of the rate.
+	lim := rate.NewLimiter(rate.Limit(spec.Rate), spec.BatchSize)
+	drainBucket(lim)
 	ids := make([]ID, len(spec.IDs))
 	for i, s := range spec.IDs {
 		if ids[i], err = ParseID(s); err != nil {
@@ -153,6 +157,7 @@ func (r *runner) run(ctx context.Context) (RunState, string, error) {
 		n := min(spec.BatchSize, len(rest))
 		batches, rest = append(batches, rest[:n]), rest[n:]
 	}
+	drainBucket(lim) // the sample's wait filled it
 	pl := r.pipeline(ctx, spec, lim)
 	stopped, why, err := r.publishBatches(ctx, spec, pl, batches)
 	if err := pl.wait(ctx, err); err != nil {
@@ -310,8 +315,12 @@ func (p *pipeline) send(b prepared) error {
 			return p.ctx.Err()
 		}
 		// Waited for first, so that a cancel that came meanwhile is seen.
-		if err := r.wait(p.ctx); err != nil {
+		paused, err := r.wait(p.ctx)
+		if err != nil {
 			return err
+		}
+		if paused {
+			drainBucket(p.lim) // the pause is not caught up
 		}
 		if err := p.lim.Wait(p.ctx); err != nil {
 			return err
@@ -362,24 +371,34 @@ func (p *pipeline) wait(ctx context.Context, sendErr error) error {
 // wait holds the run while the app is under pressure: fresh intake paused,
 // overload answered, the app unreachable. A replay shares the app with live
 // traffic, which goes first.
-func (r *runner) wait(ctx context.Context) error {
+func (r *runner) wait(ctx context.Context) (paused bool, err error) {
 	for {
 		why := r.m.o.Pressure()
 		if why == "" {
 			if p := r.pause.Swap(nil); p != nil && *p != "" {
 				r.m.log.Info("replay resumed", "replay", r.id)
 			}
-			return nil
+			return paused, nil
 		}
+		paused = true
 		if p := r.pause.Swap(&why); p == nil || *p != why {
 			r.m.log.Info("replay paused", "replay", r.id, "why", why)
 		}
 		if !sleep(ctx, r.m.o.Poll/4) {
-			return ctx.Err()
+			return paused, ctx.Err()
 		}
 		if _, err := r.current(); err != nil {
-			return err
+			return paused, err
 		}
+	}
+}
+
+// drainBucket empties the limiter's bucket: the next publish waits its
+// slot.
+func drainBucket(lim *rate.Limiter) {
+	now := time.Now()
+	if n := int(lim.TokensAt(now)); n > 0 {
+		lim.AllowN(now, n)
 	}
 }
 
