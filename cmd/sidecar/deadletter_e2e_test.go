@@ -291,10 +291,10 @@ func testDeadLetterLifecycle(t *testing.T, target dlqTarget) {
 		t.Fatalf("%d events replayed, want 40", len(calls))
 	}
 	// The rate: the 35 after the sample were published at 20/s. The
-	// publish times are the Replay records' (each written once its copy was
-	// confirmed); a Replay record refused because the copy's outcome came
-	// first leaves a letter out. The rate is the slope of a least-squares
-	// line through (time, rank), which one late confirm does not sway.
+	// publish times are the Replay records' (each dated when its publish
+	// started, and written once the copy was confirmed); a Replay record
+	// refused because the copy's outcome came first leaves a letter out.
+	// The rate is the slope of a least-squares line through (time, rank).
 	var published []time.Time
 	if len(run.GetIds()) != 40 {
 		t.Fatalf("the replay names %d dead letters", len(run.GetIds()))

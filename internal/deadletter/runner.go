@@ -429,6 +429,9 @@ func (r *runner) replayOne(ctx context.Context, run *Run, l Letter, msg *broker.
 		broker.HeaderReplayID: r.id,
 		broker.HeaderReplayOf: l.ID.String(),
 	}
+	// The record is dated when the publish started: the run's rate is of
+	// publishes, and their confirms come back bunched on a busy broker.
+	published := r.m.now().UTC()
 	if err := r.src.Republisher.Republish(ctx, &copyMsg, trail); err != nil {
 		return "", fmt.Errorf("republish %s: %w", l.ID, err)
 	}
@@ -437,7 +440,7 @@ func (r *runner) replayOne(ctx context.Context, run *Run, l Letter, msg *broker.
 	// the letter was closed by hand while its copy was on its way) leaves
 	// the ledger with the last word, as Apply would.
 	rec := Record{Version: RecordVersion, Kind: KindTransition, ID: l.ID.String(), Transition: Replay, State: Replaying,
-		Who: r.m.o.Replica, At: r.m.now().UTC(), Why: "published to " + r.src.Name, ReplayID: r.id, Nonce: newNonce()}
+		Who: r.m.o.Replica, At: published, Why: "published to " + r.src.Name, ReplayID: r.id, Nonce: newNonce()}
 	body, err := rec.Encode()
 	if err != nil {
 		return "", err
