@@ -67,7 +67,7 @@ func TestKafkaPartitionOrderPoisonThenGood(t *testing.T) {
 func testPartitionOrder(t *testing.T, b kafkaBackend) {
 	const n = 1000
 	a, brokers, topic := orderWorkload(t, b, "partition", n)
-	waitFor(t, 60*time.Second, "every good record", func() bool { return len(goodCalls(a)) >= n })
+	waitFor(t, 120*time.Second, "every good record", func() bool { return len(goodCalls(a)) >= n })
 
 	poison := a.callsFor("poison")
 	if len(poison) != 3 {
