@@ -35,12 +35,13 @@ type Metrics struct {
 	duplicates  metric.Int64Counter
 	commits     metric.Float64Histogram
 
-	sets  sync.Map // setKey → metric.MeasurementOption
+	sets  sync.Map // setKey → *series
 	taken sync.Map // source → *atomic.Int64: fresh messages taken
 }
 
-// setKey names one cached attribute set.
-type setKey struct{ a, b, c string }
+// setKey names one cached series: the metric, the source, at most one more
+// label, and the attempt label of outcomes.
+type setKey struct{ metric, source, name, value, attempt string }
 
 // NewMetrics makes the instruments and their Prometheus registry.
 func NewMetrics() (*Metrics, error) {
@@ -100,22 +101,36 @@ func (m *Metrics) Handler() http.Handler {
 // Shutdown stops the instruments' provider.
 func (m *Metrics) Shutdown(ctx context.Context) error { return m.provider.Shutdown(ctx) }
 
-// set returns the cached measurement option for the attributes k names.
-func (m *Metrics) set(k setKey, attrs func() []attribute.KeyValue) metric.MeasurementOption {
+// series is one set of attributes, as the options a measurement takes:
+// kept, so that a measurement passes an existing slice and allocates
+// nothing.
+type series struct {
+	add []metric.AddOption
+	rec []metric.RecordOption
+}
+
+// series returns the cached series of a source with one more label (name
+// empty: none) and, for outcomes, the attempt label.
+func (m *Metrics) series(k setKey) *series {
 	if v, ok := m.sets.Load(k); ok {
-		return v.(metric.MeasurementOption)
+		return v.(*series)
 	}
-	o := metric.WithAttributeSet(attribute.NewSet(attrs()...))
-	v, _ := m.sets.LoadOrStore(k, o)
-	return v.(metric.MeasurementOption)
+	attrs := []attribute.KeyValue{attribute.String("source", k.source)}
+	if k.name != "" {
+		attrs = append(attrs, attribute.String(k.name, k.value))
+	}
+	if k.attempt != "" {
+		attrs = append(attrs, attribute.String("attempt", k.attempt))
+	}
+	o := metric.WithAttributeSet(attribute.NewSet(attrs...))
+	v, _ := m.sets.LoadOrStore(k, &series{add: []metric.AddOption{o}, rec: []metric.RecordOption{o}})
+	return v.(*series)
 }
 
 // Received counts a message taken from source: a fresh one from its
 // backlog, or a retry copy.
 func (m *Metrics) Received(source string, retry bool) {
-	m.received.Add(context.Background(), 1, m.set(setKey{"received", source, ""}, func() []attribute.KeyValue {
-		return []attribute.KeyValue{attribute.String("source", source)}
-	}))
+	m.received.Add(context.Background(), 1, m.series(setKey{metric: "received", source: source}).add...)
 	if !retry {
 		m.takenOf(source).Add(1)
 	}
@@ -142,34 +157,25 @@ func (m *Metrics) Attempted(source, outcome string, first bool, took time.Durati
 	if first {
 		attempt = "first"
 	}
-	o := m.set(setKey{"outcome/" + attempt, source, outcome}, func() []attribute.KeyValue {
-		return []attribute.KeyValue{attribute.String("source", source), attribute.String("outcome", outcome), attribute.String("attempt", attempt)}
-	})
-	m.outcomes.Add(context.Background(), 1, o)
-	m.duration.Record(context.Background(), took.Seconds(), m.set(setKey{"duration", source, outcome}, func() []attribute.KeyValue {
-		return []attribute.KeyValue{attribute.String("source", source), attribute.String("outcome", outcome)}
-	}))
+	m.outcomes.Add(context.Background(), 1,
+		m.series(setKey{metric: "outcomes", source: source, name: "outcome", value: outcome, attempt: attempt}).add...)
+	m.duration.Record(context.Background(), took.Seconds(),
+		m.series(setKey{metric: "duration", source: source, name: "outcome", value: outcome}).rec...)
 }
 
 // Retried counts a copy moved to a retry tier.
 func (m *Metrics) Retried(source, tier string) {
-	m.retries.Add(context.Background(), 1, m.set(setKey{"retry", source, tier}, func() []attribute.KeyValue {
-		return []attribute.KeyValue{attribute.String("source", source), attribute.String("tier", tier)}
-	}))
+	m.retries.Add(context.Background(), 1, m.series(setKey{metric: "retries", source: source, name: "tier", value: tier}).add...)
 }
 
 // DeadLettered counts a copy moved to the dead-letter destination.
 func (m *Metrics) DeadLettered(source, reason string) {
-	m.deadLetters.Add(context.Background(), 1, m.set(setKey{"dlq", source, reason}, func() []attribute.KeyValue {
-		return []attribute.KeyValue{attribute.String("source", source), attribute.String("reason", reason)}
-	}))
+	m.deadLetters.Add(context.Background(), 1, m.series(setKey{metric: "deadletters", source: source, name: "reason", value: reason}).add...)
 }
 
 // Duplicate counts a redelivery settled from the journal.
 func (m *Metrics) Duplicate(source string) {
-	m.duplicates.Add(context.Background(), 1, m.set(setKey{"dup", source, ""}, func() []attribute.KeyValue {
-		return []attribute.KeyValue{attribute.String("source", source)}
-	}))
+	m.duplicates.Add(context.Background(), 1, m.series(setKey{metric: "duplicates", source: source}).add...)
 }
 
 // Committed records one journal group commit's duration.
