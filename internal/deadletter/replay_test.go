@@ -118,23 +118,37 @@ func (f *replayFixture) approve(t *testing.T, m *Manager, ids []ID, repair *Repa
 	}
 }
 
-// waitRun waits until the run ends, and returns it.
+// eventually waits until cond holds, checking it as the ticker ticks; it
+// fails the test after 20 s. The index and the runner change state on
+// goroutines of their own: there is nothing to be told by, only a state to
+// read.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(20 * time.Second)
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-deadline:
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// waitRun waits until the run ends and every copy it published has its
+// outcome, and returns it.
 func waitRun(t *testing.T, m *Manager, id string) Run {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		run, err := m.Replay(id)
-		if err != nil {
+	var run Run
+	eventually(t, "replay "+id+" to end", func() bool {
+		var err error
+		if run, err = m.Replay(id); err != nil {
 			t.Fatal(err)
 		}
-		if run.Ended() && run.Progress.Published == run.Progress.Handled+run.Progress.Failed {
-			return run
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("replay did not end: %+v", run)
-		}
-		time.Sleep(5 * time.Millisecond) // polling the index: nothing to wait on
-	}
+		return run.Ended() && run.Progress.Published == run.Progress.Handled+run.Progress.Failed
+	})
+	return run
 }
 
 func TestReplayPublishesApprovedAtItsRate(t *testing.T) {
@@ -264,9 +278,7 @@ func TestReplayIsTakenOverWhenItsRunnerStops(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for len(f.app.got()) < 5 {
-		time.Sleep(5 * time.Millisecond)
-	}
+	eventually(t, "5 copies published", func() bool { return len(f.app.got()) >= 5 })
 	stopA()
 	f.app.mu.Lock()
 	f.app.before = nil
@@ -304,13 +316,10 @@ func TestReplayPausesUnderPressureAndCancels(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for {
+	eventually(t, "the run paused", func() bool {
 		r, _ := m.Replay(run.ID)
-		if r.Paused && r.Detail == "app overloaded" {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return r.Paused && r.Detail == "app overloaded"
+	})
 	if n := len(f.app.got()); n != 0 {
 		t.Fatalf("%d published while the app was overloaded", n)
 	}
@@ -327,9 +336,7 @@ func TestReplayPausesUnderPressureAndCancels(t *testing.T) {
 	mu.Lock()
 	pressure = ""
 	mu.Unlock()
-	for len(f.app.got()) < 5 {
-		time.Sleep(5 * time.Millisecond)
-	}
+	eventually(t, "5 copies published", func() bool { return len(f.app.got()) >= 5 })
 	if r, err := m.CancelReplay(context.Background(), run.ID, "bob", "enough"); err != nil || r.State != RunCancelled {
 		t.Fatalf("cancel: %+v, %v", r, err)
 	}
@@ -338,10 +345,10 @@ func TestReplayPausesUnderPressureAndCancels(t *testing.T) {
 	mu.Unlock()
 	run = waitRun(t, m, run.ID)
 	// The fifth copy's record may come after the cancel's.
-	for deadline := time.Now().Add(5 * time.Second); run.Progress.Published < 5 && time.Now().Before(deadline); {
-		time.Sleep(5 * time.Millisecond)
+	eventually(t, "the fifth copy recorded", func() bool {
 		run, _ = m.Replay(run.ID)
-	}
+		return run.Progress.Published >= 5
+	})
 	if run.State != RunCancelled || run.Progress.Published != 5 || run.Detail != "cancelled by bob: enough" {
 		t.Fatalf("run %+v", run)
 	}
