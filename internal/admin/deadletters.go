@@ -223,20 +223,30 @@ func (s *service) GetDeadLetter(ctx context.Context, req *adminv1.GetDeadLetterR
 	return out, nil
 }
 
-func (s *service) ApproveDeadLetter(ctx context.Context, req *adminv1.ApproveDeadLetterRequest) (*adminv1.DeadLetter, error) {
+// change checks what every change by hand carries — the dead letters
+// served, the id, who, a reason — and returns the change to apply.
+func (s *service) change(id, operator, reason string, t deadletter.Transition) (DeadLetters, deadletter.Change, error) {
 	dl, err := s.deadLetters()
 	if err != nil {
-		return nil, err
+		return nil, deadletter.Change{}, err
 	}
-	id, err := parseID("id", req.GetId())
+	pid, err := parseID("id", id)
 	if err != nil {
-		return nil, err
+		return nil, deadletter.Change{}, err
 	}
-	who, err := s.who(req.GetOperator())
+	who, err := s.who(operator)
 	if err != nil {
-		return nil, err
+		return nil, deadletter.Change{}, err
 	}
-	if err := why("reason", req.GetReason(), true); err != nil {
+	if err := why("reason", reason, true); err != nil {
+		return nil, deadletter.Change{}, err
+	}
+	return dl, deadletter.Change{ID: pid, Transition: t, Who: who, Why: reason}, nil
+}
+
+func (s *service) ApproveDeadLetter(ctx context.Context, req *adminv1.ApproveDeadLetterRequest) (*adminv1.DeadLetter, error) {
+	dl, c, err := s.change(req.GetId(), req.GetOperator(), req.GetReason(), deadletter.Approve)
+	if err != nil {
 		return nil, err
 	}
 	repair, err := repairOf(req)
@@ -245,13 +255,14 @@ func (s *service) ApproveDeadLetter(ctx context.Context, req *adminv1.ApproveDea
 	}
 	if repair != nil && repair.ContentType == "" {
 		// The repair replaces the body, not what the body is.
-		l, err := dl.Get(id)
+		l, err := dl.Get(c.ID)
 		if err != nil {
 			return nil, s.fail("approving a dead letter", err)
 		}
 		repair.ContentType = l.ContentType
 	}
-	l, err := dl.Apply(ctx, deadletter.Change{ID: id, Transition: deadletter.Approve, Who: who, Why: req.GetReason(), Repair: repair})
+	c.Repair = repair
+	l, err := dl.Apply(ctx, c)
 	if err != nil {
 		return nil, s.fail("approving a dead letter", err)
 	}
@@ -278,22 +289,11 @@ func repairOf(req *adminv1.ApproveDeadLetterRequest) (*deadletter.Repair, error)
 }
 
 func (s *service) TerminateDeadLetter(ctx context.Context, req *adminv1.TerminateDeadLetterRequest) (*adminv1.DeadLetter, error) {
-	dl, err := s.deadLetters()
+	dl, c, err := s.change(req.GetId(), req.GetOperator(), req.GetReason(), deadletter.Terminate)
 	if err != nil {
 		return nil, err
 	}
-	id, err := parseID("id", req.GetId())
-	if err != nil {
-		return nil, err
-	}
-	who, err := s.who(req.GetOperator())
-	if err != nil {
-		return nil, err
-	}
-	if err := why("reason", req.GetReason(), true); err != nil {
-		return nil, err
-	}
-	l, err := dl.Apply(ctx, deadletter.Change{ID: id, Transition: deadletter.Terminate, Who: who, Why: req.GetReason()})
+	l, err := dl.Apply(ctx, c)
 	if err != nil {
 		return nil, s.fail("terminating a dead letter", err)
 	}
