@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"handoff.dev/handoff/internal/broker/kafka"
+	"handoff.dev/handoff/internal/config"
 )
 
 // dashboardFile is the Grafana dashboard built on the sidecar's metrics.
@@ -211,7 +212,8 @@ func TestDashboardMetricsAreExported(t *testing.T) {
 	brokers := kafkaCluster(t, topic, 1)
 	a := newApp(t, metricsScript)
 	cfg := kafkaConfig(a.url(), brokers, topic, tier)
-	s := startSidecarWith(t, cfg, hooks{drainEvery: 100 * time.Millisecond})
+	cfg.Telemetry.DrainWindow = config.Duration(1200 * time.Millisecond) // a reading every 100ms
+	s := startSidecar(t, cfg)
 	var recs []*kgo.Record
 	for _, id := range []string{"ok-1", "flaky-1", "bad-1"} {
 		recs = append(recs, &kgo.Record{Topic: topic, Value: []byte(id), Headers: []kgo.RecordHeader{{Key: "ce_id", Value: []byte(id)}}})

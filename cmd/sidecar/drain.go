@@ -11,9 +11,9 @@ import (
 	"handoff.dev/handoff/internal/telemetry"
 )
 
-// drainEvery is how often each source's backlog is read for the drain
-// estimate; the rates are taken over telemetry.DefaultDrainWindow.
-const drainEvery = 5 * time.Second
+// drainReadings is how many times a source's backlog is read in the drain
+// window (telemetry.drain_window): every 5 s in the default minute.
+const drainReadings = 12
 
 // drains reads every source's backlog at intervals and estimates its
 // arrival and completion rates and its drain time (seed 000: B/(μ−λ)).
@@ -25,10 +25,12 @@ type drains struct {
 	every   time.Duration
 }
 
-func newDrains(sources []source, m *telemetry.Metrics, log *slog.Logger) *drains {
-	d := &drains{sources: sources, metrics: m, log: log, est: map[string]*telemetry.Drain{}, every: drainEvery}
+// newDrains estimates each source's rates over window, reading its backlog
+// drainReadings times in it.
+func newDrains(sources []source, m *telemetry.Metrics, window time.Duration, log *slog.Logger) *drains {
+	d := &drains{sources: sources, metrics: m, log: log, est: map[string]*telemetry.Drain{}, every: window / drainReadings}
 	for _, s := range sources {
-		d.est[s.name] = telemetry.NewDrain(telemetry.DefaultDrainWindow)
+		d.est[s.name] = telemetry.NewDrain(window)
 	}
 	return d
 }
@@ -93,9 +95,9 @@ func (d *drains) observe(m *telemetry.Metrics) error {
 	}{
 		{"handoff.backlog.messages", "", "Messages waiting in the source: the Kafka group's lag, the RabbitMQ queue's ready count.",
 			func(e telemetry.Estimate) float64 { return e.Backlog }},
-		{"handoff.arrival.rate", "", "Messages produced to the source a second (λ), over the last minute.",
+		{"handoff.arrival.rate", "", "Messages produced to the source a second (λ), over telemetry.drain_window.",
 			func(e telemetry.Estimate) float64 { return e.Arrival }},
-		{"handoff.completion.rate", "", "Messages the sidecar took from the source a second (μ), over the last minute.",
+		{"handoff.completion.rate", "", "Messages the sidecar took from the source a second (μ), over telemetry.drain_window.",
 			func(e telemetry.Estimate) float64 { return e.Completion }},
 		{"handoff.backlog.drain", "s", "How long the backlog takes to drain at these rates, B/(μ−λ); +Inf when μ ≤ λ (not converging).",
 			func(e telemetry.Estimate) float64 { return e.Drain }},

@@ -11,6 +11,8 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"handoff.dev/handoff/internal/config"
 )
 
 // scrape reads the sidecar's /metrics as Prometheus parses it.
@@ -152,7 +154,9 @@ func TestMetricsMatchWhatHappened(t *testing.T) {
 		tier := 200 * time.Millisecond
 		q := testQueue(t, conn, []time.Duration{tier})
 		a := newApp(t, metricsScript)
-		s := startSidecarWith(t, testConfig(a.url(), q, tier), hooks{drainEvery: 100 * time.Millisecond})
+		cfg := testConfig(a.url(), q, tier)
+		cfg.Telemetry.DrainWindow = config.Duration(1200 * time.Millisecond) // a reading every 100ms
+		s := startSidecar(t, cfg)
 		var ms []publishing
 		for _, id := range ids {
 			ms = append(ms, publishing{MessageId: id, Body: []byte(id)})
@@ -166,7 +170,8 @@ func TestMetricsMatchWhatHappened(t *testing.T) {
 		a := newApp(t, metricsScript)
 		cfg := kafkaConfig(a.url(), brokers, topic, 200*time.Millisecond)
 		cfg.Telemetry.MetricsListen = "127.0.0.1:0"
-		s := startSidecarWith(t, cfg, hooks{drainEvery: 100 * time.Millisecond})
+		cfg.Telemetry.DrainWindow = config.Duration(1200 * time.Millisecond)
+		s := startSidecar(t, cfg)
 		var recs []*kgo.Record
 		for _, id := range ids {
 			recs = append(recs, &kgo.Record{Topic: topic, Value: []byte(id), Headers: []kgo.RecordHeader{{Key: "ce_id", Value: []byte(id)}}})

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -132,8 +133,6 @@ type hooks struct {
 	// part is run as one more part of the sidecar, beside its sources,
 	// health server and engine: a test fails it to see the rest stop.
 	part func(ctx context.Context) error
-	// drainEvery, when set, is how often backlogs are read (drainEvery).
-	drainEvery time.Duration
 	// tracerProvider, when set, is where the attempts' spans go (a test's
 	// in-memory one), in place of telemetry.otlp_endpoint's.
 	tracerProvider trace.TracerProvider
@@ -164,19 +163,20 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 		return err
 	}
 
-	metrics, err := telemetry.NewMetrics()
-	if err != nil {
-		return err
-	}
-	defer func() { _ = metrics.Shutdown(context.Background()) }()
-
+	// The metrics are made once the journal says which replica this is;
+	// its commits are measured from then on.
+	var committed atomic.Pointer[telemetry.Metrics]
 	syncMode, _ := journal.ParseSyncMode(cfg.Journal.Sync)
 	jr, recovered, err := journal.Open(cfg.Journal.Path, journal.Options{
 		Sync:         syncMode,
 		Retention:    cfg.Journal.Retention.D(),
 		Logger:       log,
 		BeforeCommit: hk.beforeCommit,
-		OnCommit:     metrics.Committed,
+		OnCommit: func(took time.Duration) {
+			if m := committed.Load(); m != nil {
+				m.Committed(took)
+			}
+		},
 	})
 	if err != nil {
 		return fmt.Errorf("open journal: %w", err)
@@ -186,6 +186,12 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 			log.Error("close journal", "err", err)
 		}
 	}()
+	metrics, stopMetrics, err := newMetrics(cfg.Telemetry, jr.InstanceID())
+	if err != nil {
+		return &exitError{code: exitConfig, err: err}
+	}
+	defer stopMetrics()
+	committed.Store(metrics)
 	if recovered.Open > 0 {
 		log.Warn("journal: hand-offs left open by the previous run; each resumes where it stopped when the broker redelivers it",
 			"path", cfg.Journal.Path, "open", recovered.Open, "received", recovered.Received, "in_call", recovered.InCall,
@@ -286,10 +292,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 	if err := observeEngine(metrics, engine, deadLetters); err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
-	drains := newDrains(sources, metrics, log)
-	if hk.drainEvery > 0 {
-		drains.every = hk.drainEvery
-	}
+	drains := newDrains(sources, metrics, cfg.Telemetry.DrainWindow.D(), log)
 	if err := drains.observe(metrics); err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}

@@ -182,17 +182,27 @@ const MaxTokenNameLen = 64
 
 // Telemetry is the metrics and health listener.
 type Telemetry struct {
-	// MetricsListen serves /healthz, /readyz and /metrics. Empty disables it.
+	// MetricsListen serves /healthz, /readyz and /metrics. Empty disables
+	// it, and, with no OTLPEndpoint either, the metrics: nothing could
+	// read them.
 	MetricsListen string `yaml:"metrics_listen"`
-	// OTLPEndpoint, host:port of an OTLP/gRPC collector, turns tracing on:
-	// a span per attempt, exported there. Empty leaves tracing off.
+	// OTLPEndpoint, host:port of an OTLP/gRPC collector, turns tracing on
+	// (a span per attempt) and pushes the metrics there too, every
+	// OTLPMetricInterval. Empty leaves tracing off.
 	OTLPEndpoint string `yaml:"otlp_endpoint"`
+	// OTLPMetricInterval is how often the metrics are pushed to
+	// OTLPEndpoint.
+	OTLPMetricInterval Duration `yaml:"otlp_metric_interval"`
 	// OTLPInsecure sends to the collector without TLS (a local agent).
 	OTLPInsecure bool `yaml:"otlp_insecure"`
 	// TraceSampleRatio is the share of traces started here that are kept;
 	// a message whose producer sampled its trace (or not) is followed as
 	// the producer decided (parent-based). 1 keeps every one.
 	TraceSampleRatio float64 `yaml:"trace_sample_ratio"`
+	// DrainWindow is the window the backlog's arrival and completion rates
+	// (λ, μ) are taken over, for the drain time B/(μ−λ); the backlog is
+	// read twelve times in it.
+	DrainWindow Duration `yaml:"drain_window"`
 }
 
 // Shutdown bounds the drain on SIGTERM.
@@ -221,8 +231,9 @@ func Default() Config {
 		Journal:    Journal{Path: "./handoff.db", Sync: "batch", Retention: Duration(24 * time.Hour)},
 		DeadLetter: DeadLetter{Retention: Duration(DefaultDeadLetterRetention), Poll: Duration(time.Second), ReplayTakeover: Duration(10 * time.Second)},
 		Admin:      Admin{Listen: "127.0.0.1:9400", TokenName: "admin"},
-		Telemetry:  Telemetry{MetricsListen: "127.0.0.1:9464", TraceSampleRatio: 1},
-		Shutdown:   Shutdown{DrainTimeout: Duration(30 * time.Second)},
+		Telemetry: Telemetry{MetricsListen: "127.0.0.1:9464", TraceSampleRatio: 1,
+			OTLPMetricInterval: Duration(30 * time.Second), DrainWindow: Duration(time.Minute)},
+		Shutdown: Shutdown{DrainTimeout: Duration(30 * time.Second)},
 	}
 }
 

@@ -96,6 +96,12 @@ func (c *Config) Validate() error {
 	if !(c.Telemetry.TraceSampleRatio >= 0 && c.Telemetry.TraceSampleRatio <= 1) {
 		ps.add("telemetry.trace_sample_ratio", "want a share from 0 to 1, got %v", c.Telemetry.TraceSampleRatio)
 	}
+	if c.Telemetry.OTLPMetricInterval < Duration(time.Second) {
+		ps.add("telemetry.otlp_metric_interval", "must be at least 1s")
+	}
+	if c.Telemetry.DrainWindow < Duration(time.Second) || c.Telemetry.DrainWindow > Duration(time.Hour) {
+		ps.add("telemetry.drain_window", "must be between 1s and 1h")
+	}
 	if c.Shutdown.DrainTimeout < 0 {
 		ps.add("shutdown.drain_timeout", "must not be negative")
 	}

@@ -14,6 +14,7 @@ import (
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/resource"
 )
 
 // Metrics are the sidecar's instruments, made through the OpenTelemetry SDK
@@ -23,6 +24,9 @@ import (
 // message once a source's outcomes have been seen. It is safe for
 // concurrent use.
 type Metrics struct {
+	// off: nothing reads the metrics (no /metrics, no OTLP): the hot
+	// path's calls keep only the counts the drain estimate needs.
+	off      bool
 	provider *sdkmetric.MeterProvider
 	registry *prometheus.Registry
 	meter    metric.Meter
@@ -43,15 +47,34 @@ type Metrics struct {
 // label, and the attempt label of outcomes.
 type setKey struct{ metric, source, name, value, attempt string }
 
-// NewMetrics makes the instruments and their Prometheus registry.
-func NewMetrics() (*Metrics, error) {
+// MetricsOptions configures Metrics.
+type MetricsOptions struct {
+	// Off measures nothing but what the drain estimate needs (Taken): for
+	// a sidecar whose metrics nothing reads.
+	Off bool
+	// Readers are where the metrics go besides the Prometheus registry:
+	// an OTLP exporter's periodic reader.
+	Readers []sdkmetric.Reader
+	// Resource names the sidecar to the readers that push (OTLP).
+	Resource *resource.Resource
+}
+
+// NewMetrics makes the instruments, their Prometheus registry and the
+// readers o names.
+func NewMetrics(o MetricsOptions) (*Metrics, error) {
 	reg := prometheus.NewRegistry()
 	exp, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo(), otelprom.WithoutTargetInfo())
 	if err != nil {
 		return nil, fmt.Errorf("prometheus exporter: %w", err)
 	}
-	provider := sdkmetric.NewMeterProvider(
-		sdkmetric.WithReader(exp),
+	opts := []sdkmetric.Option{sdkmetric.WithReader(exp)}
+	for _, r := range o.Readers {
+		opts = append(opts, sdkmetric.WithReader(r))
+	}
+	if o.Resource != nil {
+		opts = append(opts, sdkmetric.WithResource(o.Resource))
+	}
+	provider := sdkmetric.NewMeterProvider(append(opts,
 		// Attempts from a millisecond to a minute: an app's answers.
 		sdkmetric.WithView(sdkmetric.NewView(
 			sdkmetric.Instrument{Name: "handoff.handler.duration"},
@@ -66,8 +89,8 @@ func NewMetrics() (*Metrics, error) {
 				Boundaries: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1},
 			}},
 		)),
-	)
-	m := &Metrics{provider: provider, registry: reg, meter: provider.Meter("handoff.dev/handoff")}
+	)...)
+	m := &Metrics{off: o.Off, provider: provider, registry: reg, meter: provider.Meter("handoff.dev/handoff")}
 	for _, c := range []struct {
 		dst        *metric.Int64Counter
 		name, desc string
@@ -130,10 +153,13 @@ func (m *Metrics) series(k setKey) *series {
 // Received counts a message taken from source: a fresh one from its
 // backlog, or a retry copy.
 func (m *Metrics) Received(source string, retry bool) {
-	m.received.Add(context.Background(), 1, m.series(setKey{metric: "received", source: source}).add...)
 	if !retry {
 		m.takenOf(source).Add(1)
 	}
+	if m.off {
+		return
+	}
+	m.received.Add(context.Background(), 1, m.series(setKey{metric: "received", source: source}).add...)
 }
 
 // Taken counts the fresh messages taken from source since the start: the
@@ -153,6 +179,9 @@ func (m *Metrics) takenOf(source string) *atomic.Int64 {
 // rate of an incident is over first attempts. The latency histogram is by
 // outcome only.
 func (m *Metrics) Attempted(source, outcome string, first bool, took time.Duration) {
+	if m.off {
+		return
+	}
 	attempt := "again"
 	if first {
 		attempt = "first"
@@ -165,21 +194,33 @@ func (m *Metrics) Attempted(source, outcome string, first bool, took time.Durati
 
 // Retried counts a copy moved to a retry tier.
 func (m *Metrics) Retried(source, tier string) {
+	if m.off {
+		return
+	}
 	m.retries.Add(context.Background(), 1, m.series(setKey{metric: "retries", source: source, name: "tier", value: tier}).add...)
 }
 
 // DeadLettered counts a copy moved to the dead-letter destination.
 func (m *Metrics) DeadLettered(source, reason string) {
+	if m.off {
+		return
+	}
 	m.deadLetters.Add(context.Background(), 1, m.series(setKey{metric: "deadletters", source: source, name: "reason", value: reason}).add...)
 }
 
 // Duplicate counts a redelivery settled from the journal.
 func (m *Metrics) Duplicate(source string) {
+	if m.off {
+		return
+	}
 	m.duplicates.Add(context.Background(), 1, m.series(setKey{metric: "duplicates", source: source}).add...)
 }
 
 // Committed records one journal group commit's duration.
 func (m *Metrics) Committed(took time.Duration) {
+	if m.off {
+		return
+	}
 	m.commits.Record(context.Background(), took.Seconds())
 }
 
