@@ -69,6 +69,10 @@ type options struct {
 	compareIDs bool   // compare random ids with time-ordered ones on one build
 	allocs     bool   // the sidecar writes an allocation profile too
 	side       string // in a comparison, the side and round, for profile file names
+	// metricsOff runs the sidecar with its metrics off (no metrics_listen):
+	// the metrics' cost is the difference.
+	metricsOff     bool
+	compareMetrics bool // compare metrics on with metrics off on one build
 }
 
 func runHarness(args []string) error {
@@ -85,7 +89,8 @@ func runHarness(args []string) error {
 	fs.StringVar(&o.only, "only", "", "rabbitmq or kafka: run one broker's columns")
 	fs.StringVar(&o.compare, "compare", "", "another sidecar binary: run only the single-message sidecar rows (the batch rows with -batch), alternating the two binaries, and print them")
 	fs.BoolVar(&o.compareIDs, "compare-ids", false, "like -compare, but alternate random message ids with time-ordered ones on the one sidecar binary")
-	fs.IntVar(&o.rounds, "rounds", 3, "rounds of -compare or -compare-ids")
+	fs.BoolVar(&o.compareMetrics, "compare-metrics", false, "like -compare, but alternate metrics on with metrics off on the one sidecar binary")
+	fs.IntVar(&o.rounds, "rounds", 3, "rounds of -compare, -compare-ids or -compare-metrics")
 	fs.BoolVar(&o.batch, "batch", false, "with -compare or -compare-ids: compare the batch-delivery rows instead")
 	fs.BoolVar(&o.timeIDs, "time-ids", false, "message ids that sort by time (UUIDv7-shaped) instead of random ones")
 	if err := fs.Parse(args); err != nil {
@@ -109,17 +114,18 @@ func runHarness(args []string) error {
 		o.allocs = true
 	}
 	switch {
-	case o.compare != "" && o.compareIDs:
-		return errors.New("-compare and -compare-ids: one comparison at a time")
+	case (o.compare != "") && o.compareIDs, (o.compare != "" || o.compareIDs) && o.compareMetrics:
+		return errors.New("-compare, -compare-ids, -compare-metrics: one comparison at a time")
 	case o.compareIDs && o.timeIDs:
 		return errors.New("-compare-ids runs both kinds of id: -time-ids has no place in it")
 	}
-	if o.compare != "" || o.compareIDs {
+	if o.compare != "" || o.compareIDs || o.compareMetrics {
 		return compare(o)
 	}
 	started := time.Now()
 	var rows []row
 	var lat []latencyRow
+	var costs []metricsCost
 
 	app, err := startApp(o.self, false)
 	if err != nil {
@@ -151,6 +157,12 @@ func runHarness(args []string) error {
 			add(r, err)
 			if mode == "batch" {
 				single = r.rate
+				off := o
+				off.metricsOff = true
+				m, err := rabbitSidecar(off, mode, false, false)
+				m.vsBase = ratio(m.rate, base.rate)
+				add(m, err)
+				costs = append(costs, metricsCost{"RabbitMQ", r, m})
 			}
 		}
 		r, err := rabbitSidecar(o, "batch", true, false)
@@ -176,6 +188,12 @@ func runHarness(args []string) error {
 			add(r, err)
 			if ord == "none" {
 				single = r.rate
+				off := o
+				off.metricsOff = true
+				m, err := kafkaSidecar(off, ord, false, false)
+				m.vsBase = ratio(m.rate, kbase.rate)
+				add(m, err)
+				costs = append(costs, metricsCost{"Kafka", r, m})
 			}
 		}
 		if kbase.rate > 0 {
@@ -203,7 +221,7 @@ func runHarness(args []string) error {
 		}
 	}
 
-	md := render(o, rows, ceil.rate, time.Since(started)) + renderLatency(lat)
+	md := render(o, rows, ceil.rate, time.Since(started)) + renderCosts(costs) + renderLatency(lat)
 	if err := os.WriteFile(o.out, []byte(md), 0o644); err != nil {
 		return err
 	}
@@ -221,11 +239,16 @@ func compare(o options) error {
 		o   options
 	}
 	var sides []side
-	if o.compareIDs {
+	switch {
+	case o.compareMetrics:
+		on, off := o, o
+		off.metricsOff = true
+		sides = []side{{"metrics on", on}, {"metrics off", off}}
+	case o.compareIDs:
 		random, timed := o, o
 		random.timeIDs, timed.timeIDs = false, true
 		sides = []side{{"random ids", random}, {"time-ordered ids", timed}}
-	} else {
+	default:
 		other, err := filepath.Abs(o.compare)
 		if err != nil {
 			return err
@@ -320,6 +343,34 @@ func render(o options, rows []row, ceil float64, took time.Duration) string {
 			vb = "—"
 		}
 		fmt.Fprintf(&b, "| %s | %.0f | %.2f | %s | %s | %s | %s | %.2f | %s |\n", r.name, r.rate, r.calls, cpu, rss, anon, vb, ratio(r.rate, ceil), r.note)
+	}
+	return b.String()
+}
+
+// metricsCost pairs a sidecar run with metrics on with the same run with
+// them off.
+type metricsCost struct {
+	broker  string
+	on, off row
+}
+
+// renderCosts says what the metrics cost: CPU per message with them on
+// against off, and the rates.
+func renderCosts(costs []metricsCost) string {
+	if len(costs) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("\n## What the metrics cost\n\nThe sidecar rows above run with their metrics on (served on `telemetry.metrics_listen`, tracing\n" +
+		"off), as a scraped sidecar does; the *metrics off* rows run the same with no `metrics_listen` and no\n" +
+		"OTLP endpoint, when nothing is measured. One run each: `handoff-bench -compare-metrics` alternates\n" +
+		"the two for several rounds.\n\n")
+	b.WriteString("| broker | CPU s / 10k, on | CPU s / 10k, off | CPU per message | rate, on ÷ off |\n|---|---:|---:|---:|---:|\n")
+	for _, c := range costs {
+		if c.on.note != "" || c.off.note != "" || c.off.cpu == 0 || c.off.rate == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "| %s | %.3f | %.3f | %+.1f%% | %.2f |\n", c.broker, c.on.cpu, c.off.cpu, 100*(c.on.cpu/c.off.cpu-1), c.on.rate/c.off.rate)
 	}
 	return b.String()
 }

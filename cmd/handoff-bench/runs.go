@@ -387,7 +387,7 @@ func kafkaBaselineCmd(o options, topic string) starter {
 // profile.
 func sidecarStarter(o options, run, source, sync string, batch bool) starter {
 	return func(a *app) (*exec.Cmd, func(), error) {
-		path, rm, err := sidecarConfig(a.url, source, sync, batch)
+		path, rm, err := sidecarConfig(a.url, source, sync, batch, o.metricsOff)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -407,7 +407,10 @@ func kafkaSource(o options, topic, ordering string) string {
 // be in flight.
 const batchSize = 64
 
-func sidecarConfig(appURL, source, sync string, batch bool) (string, func(), error) {
+// sidecarConfig writes the sidecar's config for one run. Its metrics are on
+// (served on a port of its own, as a scraped sidecar's are) unless
+// metricsOff.
+func sidecarConfig(appURL, source, sync string, batch, metricsOff bool) (string, func(), error) {
 	dir, err := os.MkdirTemp("", "handoff-bench-")
 	if err != nil {
 		return "", nil, err
@@ -416,15 +419,19 @@ func sidecarConfig(appURL, source, sync string, batch bool) (string, func(), err
 	if batch {
 		handler = fmt.Sprintf("max_concurrency: %d, batch: {max_messages: %d, max_wait: 2ms}", 4*batchSize, batchSize)
 	}
+	listen := "127.0.0.1:0"
+	if metricsOff {
+		listen = ""
+	}
 	cfg := fmt.Sprintf(`handler: {url: %q, %s}
 sources:
   - name: bench
     %s
 retry: {tiers: [1s], base: 50ms, cap: 500ms}
 journal: {path: %q, sync: %s}
-telemetry: {metrics_listen: ""}
+telemetry: {metrics_listen: %q}
 admin: {listen: "127.0.0.1:0"}
-`, appURL, handler, source, filepath.Join(dir, "handoff.db"), sync)
+`, appURL, handler, source, filepath.Join(dir, "handoff.db"), sync, listen)
 	path := filepath.Join(dir, "handoff.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 		return "", nil, err
@@ -433,7 +440,7 @@ admin: {listen: "127.0.0.1:0"}
 }
 
 func rabbitSidecar(o options, sync string, mixed, batch bool) (row, error) {
-	name := sidecarName("RabbitMQ sidecar, journal "+sync, mixed, batch)
+	name := o.metricsName(sidecarName("RabbitMQ sidecar, journal "+sync, mixed, batch))
 	q, cleanup, err := rabbitQueue(o, "sidecar")
 	if err != nil {
 		return row{name: name}, err
@@ -444,6 +451,14 @@ func rabbitSidecar(o options, sync string, mixed, batch bool) (row, error) {
 		prefetch = 8 * batchSize
 	}
 	return runConsumer(o, name, mixed, sidecarStarter(o, name, rabbitSource(o, q, prefetch), sync, batch))
+}
+
+// metricsName is a sidecar run's name, marked when its metrics are off.
+func (o options) metricsName(name string) string {
+	if o.metricsOff {
+		return name + ", metrics off"
+	}
+	return name
 }
 
 func sidecarName(base string, mixed, batch bool) string {
@@ -561,7 +576,7 @@ func kafkaBaseline(o options) (row, error) {
 }
 
 func kafkaSidecar(o options, ordering string, mixed, batch bool) (row, error) {
-	name := sidecarName(o.kafkaName+" sidecar, ordering "+ordering+", journal batch", mixed, batch)
+	name := o.metricsName(sidecarName(o.kafkaName+" sidecar, ordering "+ordering+", journal batch", mixed, batch))
 	topic, cleanup, err := kafkaTopic(o, "sidecar")
 	if err != nil {
 		return row{name: name}, err
