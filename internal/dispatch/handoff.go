@@ -333,11 +333,14 @@ func (h *handoff) attempt(ctx context.Context) {
 			e.o.Budget.Deposit()
 			budgeted = 1
 		}
-		span := h.startAttempt(ctx, &req)
+		// The span lasts until the outcome is settled, and ends on every
+		// way out below, once: before a hold or an in-place wait, neither
+		// of which is this attempt's work.
+		actx, span := h.startAttempt(ctx, &req)
 		res := e.o.Handler.Deliver(ctx, &req)
-		endAttempt(span, res)
 		if ctx.Err() != nil {
 			// Shutdown cut the call short: its result says nothing about the app.
+			endAttempt(span, res)
 			e.limiter.Release(0)
 			h.handBack()
 			return
@@ -362,6 +365,7 @@ func (h *handoff) attempt(ctx context.Context) {
 		}
 		e.limiter.Release(res.Outcome)
 		if res.Outcome == budget.Unreachable {
+			endAttempt(span, res)
 			// Written so that a restart knows this attempt never reached the
 			// app and does not count it.
 			h.appendAsync(journal.Record{Kind: journal.Outcome, Hop: t.Hops, Attempt: req.Attempt,
@@ -382,7 +386,10 @@ func (h *handoff) attempt(ctx context.Context) {
 			}
 			continue
 		}
-		due, again := h.decide(ctx, req.Attempt, res, true)
+		// Settled under the attempt's span: the journal commit and the
+		// copy's publish and confirm are part of what the attempt cost.
+		due, again := h.decide(actx, req.Attempt, res, true)
+		endAttempt(span, res)
 		if !again || !h.wait(ctx, due) {
 			return
 		}
@@ -512,7 +519,9 @@ func (h *handoff) journal(ctx context.Context, recs ...journal.Record) bool {
 	if len(recs) == 0 {
 		return true
 	}
+	span := h.startCommit(ctx, len(recs))
 	err := h.e.o.Journal.Append(ctx, h.key, recs...)
+	endCommit(span, err)
 	switch {
 	case err == nil:
 		return true

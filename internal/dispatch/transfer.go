@@ -57,25 +57,8 @@ func (h *handoff) transfer(ctx context.Context, trail broker.Headers, dest broke
 			return
 		}
 	}
-	backoff := transferBackoffMin
-	for {
-		err := h.r.Transfer.Transfer(ctx, dest, h.msg, trail)
-		if err == nil {
-			break
-		}
-		// Ack only after the copy is confirmed: acking first loses the
-		// message if the copy never arrives.
-		h.logger().Warn("transfer failed; source message stays unacked", "to", dest, "why", why, "err", err, "retry_in", backoff)
-		select {
-		case <-ctx.Done():
-			h.handBack()
-			return
-		case <-h.d.Lost():
-			h.logger().Warn("delivery lost before its copy was transferred; the broker redelivers it")
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, transferBackoffMax)
+	if !h.publish(ctx, dest, trail, why) {
+		return
 	}
 	if h.fault(WindowPublished) {
 		return
@@ -92,4 +75,35 @@ func (h *handoff) transfer(ctx context.Context, trail broker.Headers, dest broke
 		return
 	}
 	h.settle("transferred to " + dest.String())
+}
+
+// publish publishes the copy until the broker confirms it, and reports
+// whether it did; otherwise the delivery was handed back (shutdown) or lost.
+func (h *handoff) publish(ctx context.Context, dest broker.Destination, trail broker.Headers, why string) bool {
+	pctx, span := h.startPublish(ctx, dest)
+	backoff := transferBackoffMin
+	var failed error // the last try's, for the span
+	for tries := 1; ; tries++ {
+		err := h.r.Transfer.Transfer(pctx, dest, h.msg, trail)
+		if err == nil {
+			endPublish(span, tries, failed)
+			return true
+		}
+		failed = err
+		// Ack only after the copy is confirmed: acking first loses the
+		// message if the copy never arrives.
+		h.logger().Warn("transfer failed; source message stays unacked", "to", dest, "why", why, "err", err, "retry_in", backoff)
+		select {
+		case <-ctx.Done():
+			endPublish(span, tries, err)
+			h.handBack()
+			return false
+		case <-h.d.Lost():
+			endPublish(span, tries, err)
+			h.logger().Warn("delivery lost before its copy was transferred; the broker redelivers it")
+			return false
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, transferBackoffMax)
+	}
 }

@@ -436,7 +436,9 @@ func (h *HTTP) eventResult(r batchResult, status int, now time.Time, latency tim
 // structured builds r's event in structured mode: the same attributes as the
 // binary-mode headers (Handoff-* as handoff* extensions), the body as data
 // when it is JSON, else as data_base64. Message headers that are not
-// CloudEvents attributes have no place in structured mode and are left out.
+// CloudEvents attributes have no place in structured mode and are left out,
+// but for the trace context, which the event carries as its traceparent and
+// tracestate extensions (eventTrace).
 func structured(r *Request) event {
 	m := r.Message
 	e := event{SpecVersion: SpecVersion, ID: wireID(r.EventID)}
@@ -454,6 +456,9 @@ func structured(r *Request) event {
 		}
 		e.ext = append(e.ext, attr{name, v})
 	}, nil)
+	if parent, state, ok := eventTrace(r); ok {
+		e.ext = withTrace(e.ext, parent, state)
+	}
 	// In name order, not the headers' map order: every attempt of a message
 	// sends the same bytes.
 	slices.SortFunc(e.ext, func(a, b attr) int { return strings.Compare(a.name, b.name) })

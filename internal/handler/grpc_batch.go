@@ -24,7 +24,7 @@ func (g *GRPC) SendBatch(ctx context.Context, reqs []*Request) (each []Result, w
 	}
 	in := &handlerv1.HandleBatchRequest{Requests: make([]*handlerv1.HandleRequest, len(reqs))}
 	for i, r := range reqs {
-		in.Requests[i] = grpcRequest(r)
+		in.Requests[i] = batchRequest(r)
 	}
 	bctx, tr := traceReach(ctx)
 	resp, err := g.client.HandleBatch(bctx, in)
@@ -72,4 +72,15 @@ func (g *GRPC) sendOneByOne(ctx context.Context, reqs []*Request) []Result {
 	}
 	wg.Wait()
 	return each
+}
+
+// batchRequest is r's request in a batch: a HandleBatch call has one
+// metadata for every event, so each event carries its trace context as its
+// traceparent and tracestate extensions (eventTrace), as HTTP's batches do.
+func batchRequest(r *Request) *handlerv1.HandleRequest {
+	req := grpcRequest(r)
+	if parent, state, ok := eventTrace(r); ok {
+		req.Event.Extensions = withTraceMap(req.Event.Extensions, text(parent), text(state))
+	}
+	return req
 }
