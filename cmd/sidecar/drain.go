@@ -54,6 +54,10 @@ func (d *drains) read(ctx context.Context) {
 		if s.backlog == nil {
 			continue
 		}
+		// Dated when asked, not when answered: on a busy broker the answer
+		// can take a while, and the rates are over the readings' dates.
+		at := time.Now()
+		taken := d.metrics.Taken(s.name)
 		rctx, cancel := context.WithTimeout(ctx, d.every)
 		b, produced, known, err := s.backlog(rctx)
 		cancel()
@@ -63,14 +67,13 @@ func (d *drains) read(ctx context.Context) {
 			}
 			continue
 		}
-		taken := d.metrics.Taken(s.name)
 		if known {
 			// The group's consumption, all replicas together, as its
 			// committed offsets say: this replica's own count would make μ
 			// one replica's share of a group-wide backlog.
 			taken = produced - b
 		}
-		d.est[s.name].Add(telemetry.DrainSample{At: time.Now(), Backlog: b, Taken: taken,
+		d.est[s.name].Add(telemetry.DrainSample{At: at, Backlog: b, Taken: taken,
 			Produced: produced, ProducedKnown: known})
 	}
 }

@@ -21,13 +21,14 @@ import (
 
 // The drain run's shape: an app that handles mu a second, a backlog of
 // preload waiting when the sidecar starts, then arrivals at lambda (slower
-// than the app), then at lambdaFast (faster than it). The window is short so
+// than the app), then at lambdaFast with the app down to muSlow. The window is short so
 // that the run is, and long enough that Kafka's commits, every 250ms, blur
 // the rates by a few percent only.
 const (
 	drainMu         = 200
 	drainLambda     = 50
 	drainLambdaFast = 400
+	drainMuSlow     = 10
 	drainPreload    = 2500
 	drainWindow     = 5 * time.Second
 )
@@ -205,8 +206,11 @@ func drainRun(t *testing.T, preload int, send func(context.Context, string) erro
 		waitFor(t, 5*time.Second, "the next reading", func() bool { return time.Now().After(next) })
 	}
 
-	// Arrivals faster than the app: the backlog never drains.
+	// Arrivals faster than the app: the backlog never drains. The app slows
+	// down too, so that the gap holds on a machine too busy for the
+	// producer to reach its pace.
 	arrivals.SetLimit(drainLambdaFast)
+	appLimit.SetLimit(drainMuSlow)
 	waitFor(t, 4*drainWindow, "the drain time to say +Inf", func() bool {
 		return math.IsInf(gauge("handoff_backlog_drain_seconds"), 1)
 	})
