@@ -164,17 +164,23 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 	}
 
 	// The metrics are made once the journal says which replica this is;
-	// its commits are measured from then on.
+	// its commits and evictions are measured from then on.
 	var committed atomic.Pointer[telemetry.Metrics]
 	syncMode, _ := journal.ParseSyncMode(cfg.Journal.Sync)
 	jr, recovered, err := journal.Open(cfg.Journal.Path, journal.Options{
 		Sync:         syncMode,
 		Retention:    cfg.Journal.Retention.D(),
+		MaxSize:      int64(cfg.Journal.MaxSize),
 		Logger:       log,
 		BeforeCommit: hk.beforeCommit,
 		OnCommit: func(took time.Duration) {
 			if m := committed.Load(); m != nil {
 				m.Committed(took)
+			}
+		},
+		OnEvict: func(n int) {
+			if m := committed.Load(); m != nil {
+				m.Evicted(n)
 			}
 		},
 	})

@@ -1,6 +1,10 @@
 package config
 
-import "time"
+import (
+	"time"
+
+	"handoff.dev/handoff/internal/journal"
+)
 
 // Config is the whole sidecar configuration file.
 type Config struct {
@@ -134,7 +138,15 @@ type Journal struct {
 	// Retention is how long settled hand-offs are kept, and so the window in
 	// which a redelivered or duplicate event is recognised.
 	Retention Duration `yaml:"retention"`
+	// MaxSize bounds the journal's live data (the file less its free
+	// pages): once it is reached, the earliest settled hand-offs are
+	// dropped, before their retention is out. Open ones never are.
+	MaxSize ByteSize `yaml:"max_size"`
 }
+
+// MinJournalMaxSize is the least journal.max_size: below it a burst of
+// open hand-offs alone would fill the journal.
+const MinJournalMaxSize = 1 << 20
 
 // DeadLetter configures the dead-letter destinations (RabbitMQ Q.dlq, Kafka
 // T.G.dlq).
@@ -228,7 +240,7 @@ func Default() Config {
 			MinAttempt:  Duration(100 * time.Millisecond),
 		},
 		Budget:     Budget{Ratio: 0.2, MinPerSecond: 10, Window: Duration(10 * time.Second)},
-		Journal:    Journal{Path: "./handoff.db", Sync: "batch", Retention: Duration(24 * time.Hour)},
+		Journal:    Journal{Path: "./handoff.db", Sync: "batch", Retention: Duration(24 * time.Hour), MaxSize: ByteSize(journal.DefaultMaxSize)},
 		DeadLetter: DeadLetter{Retention: Duration(DefaultDeadLetterRetention), Poll: Duration(time.Second), ReplayTakeover: Duration(10 * time.Second)},
 		Admin:      Admin{Listen: "127.0.0.1:9400", TokenName: "admin"},
 		Telemetry: Telemetry{MetricsListen: "127.0.0.1:9464", TraceSampleRatio: 1,

@@ -16,6 +16,7 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("sources: [{name: a, rabbitmq: ~, kafka: ~}]"))
 	f.Add([]byte("outcomes: {http: {5xx: drop, '200': [x]}}"))
 	f.Add([]byte("---\n---\n"))
+	f.Add([]byte("journal: {max_size: 1GiB}"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := Parse(data)
 		if err == nil {

@@ -79,6 +79,9 @@ func (c *Config) Validate() error {
 	if c.Journal.Retention <= 0 {
 		ps.add("journal.retention", "must be positive")
 	}
+	if c.Journal.MaxSize < MinJournalMaxSize {
+		ps.add("journal.max_size", "want at least %v, got %v", ByteSize(MinJournalMaxSize), c.Journal.MaxSize)
+	}
 	if c.DeadLetter.Retention <= 0 {
 		ps.add("deadletter.retention", "must be positive")
 	}

@@ -24,6 +24,11 @@
 // into one bbolt transaction (one fsync), and Append returns once the batch
 // holding its records is durable. AppendAsync queues records without waiting.
 //
+// Settled hand-offs are kept for Options.Retention, and the file's live data
+// (its pages in use, free pages not counted) within Options.MaxSize: past
+// it, the earliest settled hand-offs are dropped down to 90% of it. Open
+// hand-offs are never dropped for size; they are what a restart needs.
+//
 // The journal also names the sidecar that writes it: an instance id made at
 // random when the file is first opened and kept in it (InstanceID), also
 // across Repair and Reset. A restart on the same file is the same instance;
@@ -39,4 +44,11 @@
 //
 // The journal is local to one sidecar. It narrows duplicates and explains
 // them; it does not replace idempotent handlers.
+//
+// MaxSize bounds the live data, not the file: bbolt reuses freed pages
+// before it grows the file, so the file stops growing, but it never
+// shrinks, and it is grown in steps (16 MiB) past the pages in use. A read
+// transaction held open (a long Scan) keeps the pages freed meanwhile from
+// reuse, and the file grows while it lasts. Open hand-offs alone may fill
+// MaxSize: they are kept, the file grows past it, and an Error says so.
 package journal

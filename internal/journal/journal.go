@@ -69,6 +69,12 @@ type Options struct {
 	Linger time.Duration
 	// Retention is how long settled hand-offs are kept; zero means 24h.
 	Retention time.Duration
+	// MaxSize bounds the journal's live data, in bytes: the file's pages
+	// in use, its free pages not counted. Once it is reached, settled
+	// hand-offs are dropped, the earliest settled first, until it is under
+	// 90% of it; open ones never are. Zero means DefaultMaxSize; negative,
+	// no bound but Retention.
+	MaxSize int64
 	// CompactEvery is the compaction period; zero means a minute.
 	CompactEvery time.Duration
 	Logger       *slog.Logger
@@ -84,6 +90,10 @@ type Options struct {
 	// OnCommit, when set, is told each group commit's duration, after it
 	// committed (metrics). It must be cheap.
 	OnCommit func(took time.Duration)
+	// OnEvict, when set, is told how many settled hand-offs were dropped
+	// to keep within MaxSize, after each transaction that dropped some
+	// (metrics). It must be cheap.
+	OnEvict func(n int)
 }
 
 // Errors of the journal.
@@ -151,6 +161,12 @@ type Journal struct {
 
 	commits commits // the latest group commits' durations, for Stats
 
+	pageSize int64     // bbolt's page size, for the live data's size
+	trim     trimState // see TrimToSize
+	// trimNow asks the compactor for a trim: the writer found the bound
+	// reached after a commit. One request waits at most; more add nothing.
+	trimNow chan struct{}
+
 	stop chan struct{}
 	wg   sync.WaitGroup
 }
@@ -173,6 +189,9 @@ func Open(path string, o Options) (*Journal, Recovery, error) {
 	if o.CompactEvery <= 0 {
 		o.CompactEvery = time.Minute
 	}
+	if o.MaxSize == 0 {
+		o.MaxSize = DefaultMaxSize
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -190,9 +209,11 @@ func Open(path string, o Options) (*Journal, Recovery, error) {
 	}
 	j := &Journal{
 		path: path, db: db, o: o, log: o.Logger, now: o.Now,
-		reqs: make(chan *request, 4*o.MaxBatch),
-		stop: make(chan struct{}),
-		ids:  newIDCache(),
+		reqs:     make(chan *request, 4*o.MaxBatch),
+		stop:     make(chan struct{}),
+		ids:      newIDCache(),
+		pageSize: int64(db.Info().PageSize),
+		trimNow:  make(chan struct{}, 1),
 	}
 	rec, err := j.safeVerify()
 	if err != nil {
@@ -337,6 +358,12 @@ func (j *Journal) writer() {
 			j.commits.record(took)
 			if j.o.OnCommit != nil {
 				j.o.OnCommit(took)
+			}
+			if err == nil && j.overSize() {
+				select {
+				case j.trimNow <- struct{}{}:
+				default:
+				}
 			}
 			if err != nil {
 				j.failMu.Lock()

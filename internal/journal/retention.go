@@ -20,6 +20,9 @@ func (j *Journal) compactor() {
 		select {
 		case <-j.stop:
 			return
+		case <-j.trimNow:
+			j.trimToSize()
+			continue
 		case <-t.C:
 		}
 		if n, err := j.Compact(); err != nil {
@@ -27,7 +30,19 @@ func (j *Journal) compactor() {
 		} else if n > 0 {
 			j.log.Debug("journal compacted", "removed", n)
 		}
+		j.trimToSize()
 	}
+}
+
+// trimToSize is TrimToSize for the compactor, which also tells what a
+// trim within the last minute held back.
+func (j *Journal) trimToSize() {
+	if _, err := j.TrimToSize(); err != nil {
+		j.log.Warn("journal: dropping settled history to keep within journal.max_size failed", "err", err)
+	}
+	j.trim.mu.Lock()
+	j.warnDropped(j.now(), -1)
+	j.trim.mu.Unlock()
 }
 
 // Compact removes hand-offs settled longer than Retention ago, and open ones

@@ -11,6 +11,9 @@ type Stats struct {
 	Path string
 	// Size is the file's size in bytes.
 	Size int64
+	// InUse is the live data, in bytes: Size less the free pages bbolt
+	// reuses before it grows the file. MaxSize bounds it.
+	InUse int64
 	// Open is the hand-offs not yet settled.
 	Open int64
 	// Commits is the latency of the latest group commits.
@@ -24,6 +27,7 @@ func (j *Journal) Stats() (Stats, error) {
 	st := Stats{Path: j.path, Commits: j.commits.latency()}
 	err := j.db.View(func(tx *bolt.Tx) error {
 		st.Size = tx.Size()
+		st.InUse = st.Size - j.freeBytes()
 		b := tx.Bucket(bucketPending)
 		if b == nil {
 			return errors.New("journal: no pending index")

@@ -38,6 +38,7 @@ type Metrics struct {
 	deadLetters metric.Int64Counter
 	duplicates  metric.Int64Counter
 	commits     metric.Float64Histogram
+	evicted     metric.Int64Counter
 
 	sets  sync.Map // setKey → *series
 	taken sync.Map // source → *atomic.Int64: fresh messages taken
@@ -100,6 +101,7 @@ func NewMetrics(o MetricsOptions) (*Metrics, error) {
 		{&m.retries, "handoff.retries.scheduled", "Copies moved to a retry tier."},
 		{&m.deadLetters, "handoff.deadletters", "Copies moved to the dead-letter destination, by reason."},
 		{&m.duplicates, "handoff.journal.duplicates.suppressed", "Redeliveries settled from the journal without calling the app."},
+		{&m.evicted, "handoff.journal.evicted", "Settled hand-offs dropped from the journal, the earliest first, to keep it within journal.max_size."},
 	} {
 		if *c.dst, err = m.meter.Int64Counter(c.name, metric.WithDescription(c.desc)); err != nil {
 			return nil, err
@@ -113,6 +115,9 @@ func NewMetrics(o MetricsOptions) (*Metrics, error) {
 		metric.WithDescription("How long a journal group commit took.")); err != nil {
 		return nil, err
 	}
+	// Exported from the start, at zero: an alert on its increase has a
+	// series to read before the first hand-off is dropped.
+	m.Evicted(0)
 	return m, nil
 }
 
@@ -222,6 +227,15 @@ func (m *Metrics) Committed(took time.Duration) {
 		return
 	}
 	m.commits.Record(context.Background(), took.Seconds())
+}
+
+// Evicted counts settled hand-offs the journal dropped to keep within its
+// size bound.
+func (m *Metrics) Evicted(n int) {
+	if m.off {
+		return
+	}
+	m.evicted.Add(context.Background(), int64(n))
 }
 
 // Gauge is one observed value with its attributes.

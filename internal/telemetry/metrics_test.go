@@ -38,12 +38,36 @@ func TestMetricsOffCountOnlyWhatTheDrainNeeds(t *testing.T) {
 	m.Received("orders", true)
 	m.Attempted("orders", "success", true, time.Millisecond)
 	m.Committed(time.Millisecond)
+	m.Evicted(3)
 	if m.Taken("orders") != 1 {
 		t.Fatalf("taken %d, want 1 (the fresh message)", m.Taken("orders"))
 	}
 	rec := httptest.NewRecorder()
 	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-	if strings.Contains(rec.Body.String(), "handoff_outcomes_total") || strings.Contains(rec.Body.String(), "handoff_messages_received_total") {
+	if body := rec.Body.String(); strings.Contains(body, "handoff_outcomes_total") || strings.Contains(body, "handoff_messages_received_total") ||
+		strings.Contains(body, "handoff_journal_evicted_total 3") {
 		t.Fatalf("measured while off:\n%s", rec.Body.String())
+	}
+}
+
+// The journal's evictions are a counter exported from the start, at zero,
+// so that an alert on its increase has a series to read.
+func TestMetricsJournalEvicted(t *testing.T) {
+	m, err := NewMetrics(MetricsOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	scrape := func() string {
+		rec := httptest.NewRecorder()
+		m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		return rec.Body.String()
+	}
+	if body := scrape(); !strings.Contains(body, "\nhandoff_journal_evicted_total 0\n") {
+		t.Fatalf("before any eviction, want handoff_journal_evicted_total 0 in:\n%s", body)
+	}
+	m.Evicted(512)
+	m.Evicted(88)
+	if body := scrape(); !strings.Contains(body, "\nhandoff_journal_evicted_total 600\n") {
+		t.Fatalf("after 512 and 88 evicted, want handoff_journal_evicted_total 600 in:\n%s", body)
 	}
 }
