@@ -55,7 +55,7 @@ fuzz:
 # local RabbitMQ and Kafka, written to BENCH.md. BENCH_N sets the backlog.
 BENCH_N ?= 50000
 bench: brokers build
-	$(GO) test -run='^$$' -bench=. -benchmem -benchtime=2s ./internal/journal/ ./internal/budget/ ./internal/handler/
+	$(GO) test -run='^$$' -bench=. -benchmem -benchtime=2s ./internal/journal/ ./internal/budget/ ./internal/handler/ ./internal/telemetry/
 	bin/handoff-bench -n $(BENCH_N) -out BENCH.md
 
 # Regenerate the code of api/ from its contracts with pinned tools, run

@@ -71,3 +71,27 @@ func TestMetricsJournalEvicted(t *testing.T) {
 		t.Fatalf("after 512 and 88 evicted, want handoff_journal_evicted_total 600 in:\n%s", body)
 	}
 }
+
+// BenchmarkMetricsPerMessage is what the metrics add to one message handled
+// on its first attempt: it is taken, and its attempt counted and timed. Set
+// beside the sidecar's CPU per message in BENCH.md, it is the metrics' share
+// of the hot path.
+func BenchmarkMetricsPerMessage(b *testing.B) {
+	for _, off := range []bool{false, true} {
+		name := "on"
+		if off {
+			name = "off"
+		}
+		b.Run(name, func(b *testing.B) {
+			m, err := NewMetrics(MetricsOptions{Off: off})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				m.Received("orders", false)
+				m.Attempted("orders", "success", true, time.Millisecond)
+			}
+		})
+	}
+}
