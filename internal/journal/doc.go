@@ -17,8 +17,13 @@
 // and its records are stored under the id: the records of the messages in
 // flight all land at the end of the tree, so a commit writes a few pages
 // however random the event ids are. One index maps each key to its id; it
-// is the only write to a random place, once per hand-off. A journal of the
-// earlier layout (records under the key itself) is upgraded when it opens.
+// would be the only write to a random place, once per hand-off, so a new
+// key's entry waits in memory and is merged into the index later, thousands
+// at a time in key order (recent.go): a page of the index is rewritten once
+// for all the keys that land on it. The keys not yet merged are read back
+// from their hand-offs' first records when the journal opens. A journal of
+// the earlier layout (records under the key itself) is upgraded when it
+// opens.
 //
 // Writes are group-committed: one goroutine batches records from every caller
 // into one bbolt transaction (one fsync), and Append returns once the batch

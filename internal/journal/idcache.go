@@ -62,17 +62,24 @@ func (c *idCache) remove(k []byte) {
 }
 
 // ids resolves hand-off ids within one write transaction, through the cache,
-// and adds what it resolved to the cache when the transaction commits.
+// and adds what it resolved to the cache when the transaction commits, and
+// the keys it gave ids to the recent index (unless index: then their
+// entries are written at once).
 type ids struct {
 	c     *idCache
 	b     *tree // the transaction's, shared with its writer
 	found map[string][]byte
+	fresh map[string][]byte
+	index bool
 }
 
 func (j *Journal) resolver(tx *bolt.Tx, b *tree) *ids {
-	r := &ids{c: j.ids, b: b, found: map[string][]byte{}}
+	r := &ids{c: j.ids, b: b, found: map[string][]byte{}, fresh: map[string][]byte{}}
 	gen := j.ids.generation()
-	tx.OnCommit(func() { j.ids.add(gen, r.found) })
+	tx.OnCommit(func() {
+		j.ids.add(gen, r.found)
+		j.recent.add(r.fresh)
+	})
 	return r
 }
 
@@ -85,11 +92,14 @@ func (r *ids) id(k []byte) ([]byte, error) {
 	if id := r.c.get(k); id != nil {
 		return id, nil
 	}
-	id, err := r.b.id(k)
+	id, fresh, err := r.b.id(k, r.index)
 	if err != nil {
 		return nil, err
 	}
 	id = bytes.Clone(id) // the index's copy lives in the file's mapping
 	r.found[string(k)] = id
+	if fresh && !r.index {
+		r.fresh[string(k)] = id
+	}
 	return id, nil
 }

@@ -90,6 +90,11 @@ type Options struct {
 	// OnCommit, when set, is told each group commit's duration, after it
 	// committed (metrics). It must be cheap.
 	OnCommit func(took time.Duration)
+	// mergeAt and mergeEvery start a merge of the key index (see
+	// recent.go): when this many keys wait, or they have waited this long.
+	// Zero means the defaults; tests set them.
+	mergeAt    int
+	mergeEvery time.Duration
 	// OnEvict, when set, is told how many settled hand-offs were dropped
 	// to keep within MaxSize, after each transaction that dropped some
 	// (metrics). It must be cheap.
@@ -156,6 +161,8 @@ type Journal struct {
 	failed error // a failed commit: the journal accepts nothing more
 
 	ids *idCache // see idCache: only write transactions use it
+	// recent holds the keys not yet merged into the ids bucket (recent.go).
+	recent *recentIndex
 
 	instanceID string // see InstanceID
 
@@ -192,6 +199,12 @@ func Open(path string, o Options) (*Journal, Recovery, error) {
 	if o.MaxSize == 0 {
 		o.MaxSize = DefaultMaxSize
 	}
+	if o.mergeAt <= 0 {
+		o.mergeAt = defaultMergeAt
+	}
+	if o.mergeEvery <= 0 {
+		o.mergeEvery = defaultMergeEvery
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -227,6 +240,10 @@ func Open(path string, o Options) (*Journal, Recovery, error) {
 	if err := j.loadInstanceID(); err != nil {
 		_ = db.Close()
 		return nil, Recovery{}, fmt.Errorf("journal %s: %w", path, err)
+	}
+	if err := j.loadRecent(); err != nil {
+		_ = db.Close()
+		return nil, Recovery{}, &CorruptError{Path: path, Err: err}
 	}
 	if o.ReadOnly {
 		j.closed = true // nothing may be written
@@ -464,7 +481,7 @@ func (j *Journal) commit(batch []*request) error {
 
 // write puts the batch's records in tx and returns how many it wrote.
 func (j *Journal) write(tx *bolt.Tx, batch []*request) (int, error) {
-	b := buckets(tx)
+	b := j.buckets(tx)
 	ids := j.resolver(tx, &b)
 	now := j.now()
 	// bbolt keeps the key and value slices until the commit: they are cut
@@ -504,20 +521,22 @@ func (j *Journal) write(tx *bolt.Tx, batch []*request) (int, error) {
 			n++
 		}
 	}
-	return n, nil
+	return n, j.mergeSome(tx, &b)
 }
 
-// tree is the journal's buckets in one transaction.
+// tree is the journal's buckets in one transaction, with the keys not yet
+// in the ids bucket.
 type tree struct {
 	ids, records, pending, expiry *bolt.Bucket
+	recent                        *recentIndex
 	// Cursors made on first use and kept for the transaction's point
 	// reads: Bucket.Get makes a cursor, and grows its stack, on every call.
 	idsAt, pendingAt *bolt.Cursor
 }
 
-func buckets(tx *bolt.Tx) tree {
+func (j *Journal) buckets(tx *bolt.Tx) tree {
 	return tree{ids: tx.Bucket(bucketIDs), records: tx.Bucket(bucketRecords),
-		pending: tx.Bucket(bucketPending), expiry: tx.Bucket(bucketExpiry)}
+		pending: tx.Bucket(bucketPending), expiry: tx.Bucket(bucketExpiry), recent: j.recent}
 }
 
 // get reads the value of key k, like Bucket.Get, through *c, which it makes
@@ -534,6 +553,11 @@ func get(bk *bolt.Bucket, c **bolt.Cursor, k []byte) []byte {
 
 // lookup returns the id of the hand-off with encoded key k, or nil.
 func (b *tree) lookup(k []byte) []byte {
+	if b.recent != nil {
+		if id := b.recent.get(k); id != nil {
+			return id
+		}
+	}
 	id := get(b.ids, &b.idsAt, k)
 	if len(id) != idLen {
 		return nil
@@ -541,21 +565,25 @@ func (b *tree) lookup(k []byte) []byte {
 	return id
 }
 
-// id returns the id of the hand-off with encoded key k, giving it the next
-// one (and writing its key record) when it has none.
-func (b *tree) id(k []byte) ([]byte, error) {
+// id returns the id of the hand-off with encoded key k, and whether it is
+// new: one with none is given the next, and its key record written. Its
+// entry in the ids bucket is written now when index, else by a later merge
+// (recent.go).
+func (b *tree) id(k []byte, index bool) ([]byte, bool, error) {
 	if id := b.lookup(k); id != nil {
-		return id, nil
+		return id, false, nil
 	}
 	n, err := b.ids.NextSequence()
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	id := binary.BigEndian.AppendUint64(make([]byte, 0, 2*idLen), n)
-	if err := b.ids.Put(k, id); err != nil {
-		return nil, err
+	if index {
+		if err := b.ids.Put(k, id); err != nil {
+			return nil, false, err
+		}
 	}
-	return id, b.records.Put(binary.BigEndian.AppendUint64(id[:idLen:idLen], 0), k)
+	return id, true, b.records.Put(binary.BigEndian.AppendUint64(id[:idLen:idLen], 0), k)
 }
 
 // index keeps the pending and expiry indexes. A pending entry holds the time

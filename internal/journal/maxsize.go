@@ -130,7 +130,7 @@ func (j *Journal) warnDropped(now time.Time, used int64) {
 // of the earliest one kept, and whether settled hand-offs are left.
 func (j *Journal) evictOnce(limit int) (removed int, oldestKept time.Time, more bool, err error) {
 	err = j.db.Update(func(tx *bolt.Tx) error {
-		b := buckets(tx)
+		b := j.buckets(tx)
 		c := b.expiry.Cursor()
 		visited := 0
 		k, _ := c.First()

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -20,7 +22,7 @@ type Step struct {
 func (j *Journal) Timeline(k Key) ([]Step, error) {
 	var out []Step
 	err := j.db.View(func(tx *bolt.Tx) error {
-		b := buckets(tx)
+		b := j.buckets(tx)
 		id := b.lookup(k.encode(nil))
 		if id == nil {
 			return nil
@@ -59,7 +61,7 @@ type Filter struct {
 // is for operators, not the hot path.
 func (j *Journal) Scan(f Filter, fn func(Key, []Step) error) error {
 	return j.db.View(func(tx *bolt.Tx) error {
-		b := buckets(tx)
+		b := j.buckets(tx)
 		var cur []Step
 		var curID []byte
 		var curKey Key
@@ -117,10 +119,20 @@ func (j *Journal) Event(source, eventID string) ([][]Step, error) {
 	prefix = prefix[:len(prefix)-1] // the empty replay id's length
 	var out [][]Step
 	err := j.db.View(func(tx *bolt.Tx) error {
-		b := buckets(tx)
+		b := j.buckets(tx)
+		// The keys in the bucket and those waiting to be merged into it,
+		// in key order; a key in both names the same id.
+		var found []recentEntry
 		c := b.ids.Cursor()
 		for k, id := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, id = c.Next() {
-			key, rest, err := decodeKey(k)
+			found = append(found, recentEntry{string(k), id})
+		}
+		found = append(found, j.recent.withPrefix(prefix)...)
+		slices.SortStableFunc(found, func(a, b recentEntry) int { return strings.Compare(a.key, b.key) })
+		found = slices.CompactFunc(found, func(a, b recentEntry) bool { return a.key == b.key })
+		for _, e := range found {
+			id := e.id
+			key, rest, err := decodeKey([]byte(e.key))
 			if err != nil || len(rest) != 0 || len(id) != idLen {
 				return fmt.Errorf("%w: hand-off key", ErrCorrupt)
 			}

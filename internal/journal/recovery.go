@@ -127,7 +127,7 @@ func (j *Journal) verify() (Recovery, error) {
 		return rec, err
 	}
 	err = j.db.View(func(tx *bolt.Tx) error {
-		b := buckets(tx)
+		b := j.buckets(tx)
 		return b.pending.ForEach(func(id, _ []byte) error {
 			if len(id) != idLen {
 				return fmt.Errorf("%w: pending key of %d bytes", ErrCorrupt, len(id))

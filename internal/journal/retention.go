@@ -63,7 +63,7 @@ func (j *Journal) Compact() (int, error) {
 func (j *Journal) compactOnce(cutoff time.Time) (removed int, more bool, err error) {
 	limit := uint64(cutoff.UnixNano())
 	err = j.db.Update(func(tx *bolt.Tx) error {
-		b := buckets(tx)
+		b := j.buckets(tx)
 		c := b.expiry.Cursor()
 		for k, _ := c.First(); k != nil; k, _ = c.First() {
 			if len(k) != 2*idLen || binary.BigEndian.Uint64(k[:idLen]) >= limit {
@@ -137,6 +137,7 @@ func (j *Journal) remove(b tree, id []byte) error {
 	for k, v := c.Seek(id); k != nil && len(k) == 2*idLen && bytes.Equal(k[:idLen], id); k, v = c.Seek(id) {
 		if binary.BigEndian.Uint64(k[idLen:]) == 0 {
 			j.ids.remove(v)
+			j.recent.remove(v, id)
 			// Only the index entry that points here: should a key ever
 			// have had a second id, that one stays reachable.
 			if bytes.Equal(b.ids.Get(v), id) {

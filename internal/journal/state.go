@@ -84,7 +84,7 @@ func (s *State) apply(r Record) {
 func (j *Journal) State(k Key) (State, error) {
 	var s State
 	err := j.db.View(func(tx *bolt.Tx) error {
-		b := buckets(tx)
+		b := j.buckets(tx)
 		id := b.lookup(k.encode(nil))
 		if id == nil {
 			return nil

@@ -35,8 +35,11 @@ func (j *Journal) upgrade() error {
 			if err := createBuckets(tx); err != nil {
 				return err
 			}
-			b := buckets(tx)
+			b := j.buckets(tx)
 			ids := j.resolver(tx, &b)
+			// Indexed at once: the upgrade's last transaction says every
+			// key is in the bucket.
+			ids.index = true
 			steps := tx.Bucket(bucketSteps)
 			n := 0
 			for n < upgradeChunk {

@@ -168,7 +168,7 @@ func recoveryOf(t *testing.T, j *Journal) Recovery {
 	t.Helper()
 	var rec Recovery
 	err := j.db.View(func(tx *bolt.Tx) error {
-		b := buckets(tx)
+		b := j.buckets(tx)
 		return b.pending.ForEach(func(id, _ []byte) error {
 			s, err := b.state(id)
 			rec.add(s)
