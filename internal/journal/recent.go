@@ -36,8 +36,10 @@ const (
 	// defaultMergeEvery starts a merge of fewer keys after this long.
 	defaultMergeEvery = 10 * time.Second
 	// mergeChunk bounds the keys merged in one group commit, so that a
-	// merge never makes one commit long.
-	mergeChunk = 512
+	// merge never makes one commit long. A commit of MaxBatch (1024)
+	// records brings at most 512 new keys (two records each at least): the
+	// merge keeps ahead of them.
+	mergeChunk = 1024
 )
 
 // recentIndex holds the keys given an id and not yet merged into the ids
