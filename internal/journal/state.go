@@ -84,7 +84,9 @@ func (s *State) apply(r Record) {
 func (j *Journal) State(k Key) (State, error) {
 	var s State
 	err := j.db.View(func(tx *bolt.Tx) error {
-		b := j.buckets(tx)
+		// The two buckets a state is read from, not all four: this runs
+		// for every message.
+		b := tree{ids: tx.Bucket(bucketIDs), records: tx.Bucket(bucketRecords), recent: j.recent}
 		id := b.lookup(k.encode(nil))
 		if id == nil {
 			return nil
