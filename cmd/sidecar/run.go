@@ -169,6 +169,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 	syncMode, _ := journal.ParseSyncMode(cfg.Journal.Sync)
 	jr, recovered, err := journal.Open(cfg.Journal.Path, journal.Options{
 		Sync:         syncMode,
+		Linger:       cfg.Journal.Linger.D(),
 		Retention:    cfg.Journal.Retention.D(),
 		MaxSize:      int64(cfg.Journal.MaxSize),
 		Logger:       log,

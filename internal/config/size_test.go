@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParseByteSize(t *testing.T) {
@@ -82,6 +83,46 @@ func TestJournalMaxSize(t *testing.T) {
 				}
 				if cfg.Journal.MaxSize != tt.want {
 					t.Errorf("journal.max_size = %v, want %v", cfg.Journal.MaxSize, tt.want)
+				}
+				return
+			}
+			var ps Problems
+			if !errors.As(err, &ps) {
+				t.Fatalf("Parse = %v, want Problems", err)
+			}
+			for _, p := range ps {
+				if strings.HasPrefix(p.String(), tt.problem) {
+					return
+				}
+			}
+			t.Errorf("problems %q, want one starting %q", ps.Error(), tt.problem)
+		})
+	}
+}
+
+func TestJournalLinger(t *testing.T) {
+	tests := []struct {
+		name    string
+		journal string
+		want    time.Duration
+		problem string // the problem line's start, "" when it parses
+	}{
+		{name: "default", journal: "{path: ./handoff.db}", want: 500 * time.Microsecond},
+		{name: "off", journal: "{path: ./handoff.db, linger: 0s}", want: 0},
+		{name: "the most", journal: "{path: ./handoff.db, linger: 10ms}", want: 10 * time.Millisecond},
+		{name: "too long", journal: "{path: ./handoff.db, linger: 20ms}", problem: "journal.linger: must be between 0 and 10ms"},
+		{name: "negative", journal: "{path: ./handoff.db, linger: -1ms}", problem: "journal.linger: must be between 0 and 10ms"},
+		{name: "no unit", journal: "{path: ./handoff.db, linger: 5}", problem: "journal.linger: invalid duration"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := Parse([]byte(replace(t, "journal:   {path: ./handoff.db}", "journal: "+tt.journal)))
+			if tt.problem == "" {
+				if err != nil {
+					t.Fatalf("Parse: %v", err)
+				}
+				if cfg.Journal.Linger.D() != tt.want {
+					t.Errorf("journal.linger = %v, want %v", cfg.Journal.Linger.D(), tt.want)
 				}
 				return
 			}

@@ -79,6 +79,9 @@ func (c *Config) Validate() error {
 	if c.Journal.Retention <= 0 {
 		ps.add("journal.retention", "must be positive")
 	}
+	if c.Journal.Linger < 0 || c.Journal.Linger > Duration(10*time.Millisecond) {
+		ps.add("journal.linger", "must be between 0 and 10ms, got %v", c.Journal.Linger)
+	}
 	if c.Journal.MaxSize < MinJournalMaxSize {
 		ps.add("journal.max_size", "want at least %v, got %v", ByteSize(MinJournalMaxSize), c.Journal.MaxSize)
 	}
