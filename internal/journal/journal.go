@@ -167,6 +167,9 @@ type Journal struct {
 	instanceID string // see InstanceID
 
 	commits commits // the latest group commits' durations, for Stats
+	// lastBatch is how many requests the writer's latest commit held: it
+	// lingers for more only after a busy one (see gather).
+	lastBatch int
 
 	pageSize int64     // bbolt's page size, for the live data's size
 	trim     trimState // see TrimToSize
@@ -367,6 +370,7 @@ func (j *Journal) writer() {
 		} else {
 			batch, next = j.gather(batch, len(first.recs))
 		}
+		j.lastBatch = len(batch)
 		err := j.failure()
 		if err == nil {
 			start := time.Now()
@@ -400,10 +404,16 @@ func (j *Journal) writer() {
 	}
 }
 
+// lingerAfter is how many requests the latest commit must have held for
+// the next one to linger: with fewer, writers are not many at once, and a
+// wait would only delay them (a partition handled one record at a time
+// waits out a commit per record).
+const lingerAfter = 8
+
 // gather adds queued requests to batch while they fit in MaxBatch records,
-// waiting up to Linger for more when the queue runs dry. A request that does
-// not fit is returned, for the next batch; one larger than MaxBatch on its
-// own is a batch by itself.
+// waiting up to Linger for more when the queue runs dry and the latest
+// commit was a busy one. A request that does not fit is returned, for the
+// next batch; one larger than MaxBatch on its own is a batch by itself.
 func (j *Journal) gather(batch []*request, n int) ([]*request, *request) {
 	var linger <-chan time.Time
 	for n < j.o.MaxBatch {
@@ -412,7 +422,7 @@ func (j *Journal) gather(batch []*request, n int) ([]*request, *request) {
 		select {
 		case r, ok = <-j.reqs:
 		default:
-			if j.o.Linger <= 0 {
+			if j.o.Linger <= 0 || j.lastBatch < lingerAfter {
 				return batch, nil
 			}
 			if linger == nil {

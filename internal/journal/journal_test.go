@@ -479,3 +479,17 @@ func TestAppendLeavesCallerRecords(t *testing.T) {
 		})
 	}
 }
+
+// A writer alone never waits out the linger: it is for commits many
+// writers share. One Append after another, each returns with its own
+// commit, far sooner than a linger of two seconds each.
+func TestLingerOnlyUnderLoad(t *testing.T) {
+	j, _ := openJournal(t, newPath(t), Options{Linger: 2 * time.Second})
+	start := time.Now()
+	for i := range 5 {
+		appendOK(t, j, Key{Source: "orders", EventID: fmt.Sprint("seq-", i)}, Record{Kind: Received})
+	}
+	if took := time.Since(start); took >= 2*time.Second {
+		t.Fatalf("5 appends one after another took %v: they lingered", took)
+	}
+}
