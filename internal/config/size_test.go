@@ -86,16 +86,7 @@ func TestJournalMaxSize(t *testing.T) {
 				}
 				return
 			}
-			var ps Problems
-			if !errors.As(err, &ps) {
-				t.Fatalf("Parse = %v, want Problems", err)
-			}
-			for _, p := range ps {
-				if strings.HasPrefix(p.String(), tt.problem) {
-					return
-				}
-			}
-			t.Errorf("problems %q, want one starting %q", ps.Error(), tt.problem)
+			wantProblem(t, err, tt.problem)
 		})
 	}
 }
@@ -126,16 +117,22 @@ func TestJournalLinger(t *testing.T) {
 				}
 				return
 			}
-			var ps Problems
-			if !errors.As(err, &ps) {
-				t.Fatalf("Parse = %v, want Problems", err)
-			}
-			for _, p := range ps {
-				if strings.HasPrefix(p.String(), tt.problem) {
-					return
-				}
-			}
-			t.Errorf("problems %q, want one starting %q", ps.Error(), tt.problem)
+			wantProblem(t, err, tt.problem)
 		})
 	}
+}
+
+// wantProblem fails unless err is Problems with one that starts with prefix.
+func wantProblem(t *testing.T, err error, prefix string) {
+	t.Helper()
+	var ps Problems
+	if !errors.As(err, &ps) {
+		t.Fatalf("Parse = %v, want Problems", err)
+	}
+	for _, p := range ps {
+		if strings.HasPrefix(p.String(), prefix) {
+			return
+		}
+	}
+	t.Errorf("problems %q, want one starting %q", ps.Error(), prefix)
 }
