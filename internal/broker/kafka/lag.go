@@ -64,18 +64,7 @@ func (c *Client) RetryLag(ctx context.Context) ([]TierLag, error) {
 			failed = fmt.Errorf("end offset of %s[%d]: %w", end.Topic, end.Partition, end.Err)
 			return
 		}
-		from := int64(-1)
-		if o, ok := committed.Lookup(end.Topic, end.Partition); ok && o.Err == nil {
-			from = o.At
-		}
-		if from < 0 {
-			if s, ok := starts.Lookup(end.Topic, end.Partition); ok && s.Err == nil {
-				from = s.Offset
-			}
-		}
-		if from >= 0 && end.Offset > from {
-			out[i].Lag += end.Offset - from
-		}
+		out[i].Lag += partitionLag(end, committed, starts)
 	})
 	if failed != nil {
 		return nil, failed
@@ -110,18 +99,25 @@ func (c *Client) Backlog(ctx context.Context) (lag, produced int64, err error) {
 			return
 		}
 		produced += end.Offset
-		from := int64(-1)
-		if o, ok := committed.Lookup(end.Topic, end.Partition); ok && o.Err == nil {
-			from = o.At
-		}
-		if from < 0 {
-			if s, ok := starts.Lookup(end.Topic, end.Partition); ok && s.Err == nil {
-				from = s.Offset
-			}
-		}
-		if from >= 0 && end.Offset > from {
-			lag += end.Offset - from
-		}
+		lag += partitionLag(end, committed, starts)
 	})
 	return lag, produced, failed
+}
+
+// partitionLag is how many records of end's partition are past the group's
+// committed offset, or past the log's start when the group has none.
+func partitionLag(end kadm.ListedOffset, committed kadm.OffsetResponses, starts kadm.ListedOffsets) int64 {
+	from := int64(-1)
+	if o, ok := committed.Lookup(end.Topic, end.Partition); ok && o.Err == nil {
+		from = o.At
+	}
+	if from < 0 {
+		if s, ok := starts.Lookup(end.Topic, end.Partition); ok && s.Err == nil {
+			from = s.Offset
+		}
+	}
+	if from >= 0 && end.Offset > from {
+		return end.Offset - from
+	}
+	return 0
 }
