@@ -1,0 +1,191 @@
+package dispatch
+
+import (
+	"context"
+	"time"
+
+	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/budget"
+	"handoff.dev/handoff/internal/handler"
+	"handoff.dev/handoff/internal/journal"
+)
+
+// The attempt: the app's call, between the ATTEMPT record written before it
+// and the answer. A crash in the call leaves an attempt whose outcome is
+// unknown, and the redelivery's next call says Handoff-Redelivered.
+
+// attempt calls the app until it answers (holding while it is unreachable)
+// and carries out the decision; in-place retries loop here. A first attempt
+// deposits into the retry budget; every later one waits for a token first.
+func (h *handoff) attempt(ctx context.Context) {
+	// A token taken for a call that was never made, or whose call
+	// succeeded, goes back however the walk ends: shutdown, a lost
+	// delivery, the deadline. Only a failed re-attempt keeps it spent.
+	defer h.refund()
+	e, p, t := h.e, h.e.o.Policy, &h.trail
+	recorded := 0 // the attempt number whose ATTEMPT record is written
+	budgeted := 0 // the attempt number the budget has seen
+	for {
+		now := e.now()
+		if t.FirstAttemptAt.IsZero() {
+			t.FirstAttemptAt = now
+			t.Deadline = h.deadlineFor(now)
+		}
+		if !p.CanAttempt(now, t.Deadline) {
+			h.deadLetter(ctx, budget.ReasonDeadline)
+			return
+		}
+		next := t.Attempt + 1
+		if budgeted != next && next > 1 && e.o.Budget != nil {
+			if !h.token(ctx) {
+				return
+			}
+			budgeted = next
+			now = e.now()
+			if !p.CanAttempt(now, t.Deadline) {
+				h.deadLetter(ctx, budget.ReasonDeadline)
+				return
+			}
+		}
+		req := handler.Request{
+			Message:     h.msg,
+			EventID:     t.EventID,
+			Source:      h.r.CESource,
+			Type:        defaultCEType,
+			Attempt:     next,
+			Deadline:    t.Deadline,
+			Redelivered: h.msg.Redelivered || t.ErrorClass == budget.Unknown.String(),
+			ReplayID:    t.ReplayID,
+			// The attempt's fields the gRPC request carries.
+			FirstAttemptAt: t.FirstAttemptAt,
+			Origin:         t.Origin,
+		}
+		if !h.acquire(ctx, next == 1) {
+			// No call was made: nothing is written, so a redelivery is a
+			// fresh attempt, not one cut short.
+			return
+		}
+		if now = e.now(); !p.CanAttempt(now, t.Deadline) {
+			// The deadline came while the walk waited for a slot.
+			e.limiter.Release(0)
+			h.deadLetter(ctx, budget.ReasonDeadline)
+			return
+		}
+		req.Timeout = min(e.o.Timeout, t.Deadline.Sub(now))
+		if recorded != req.Attempt {
+			// Written once the call is sure to be made, before it: a crash
+			// during the call leaves an attempt whose outcome is unknown.
+			h.appendAsync(journal.Record{Kind: journal.Attempt, At: now, Hop: t.Hops, Attempt: req.Attempt})
+			recorded = req.Attempt
+		}
+		if next == 1 && budgeted != 1 && e.o.Budget != nil {
+			// Deposited once the call is sure to be made: a first attempt
+			// held by a paused intake must not pay for re-attempts.
+			e.o.Budget.Deposit()
+			budgeted = 1
+		}
+		// The span lasts until the outcome is settled, and ends on every
+		// way out below, once: before a hold or an in-place wait, neither
+		// of which is this attempt's work.
+		actx, span := h.startAttempt(ctx, &req)
+		res := e.o.Handler.Deliver(ctx, &req)
+		if ctx.Err() != nil {
+			// Shutdown cut the call short: its result says nothing about the app.
+			endAttempt(span, res)
+			e.limiter.Release(0)
+			h.handBack()
+			return
+		}
+		e.o.Observer.Attempted(h.r.Name, res.Outcome.String(), req.Attempt == 1, res.Latency)
+		switch res.Outcome {
+		case budget.Unreachable:
+			// The call never reached the app: the token waits for the
+			// call that does.
+		case budget.Success, budget.Drop:
+			// Useful work, not amplification: only failed re-attempts
+			// spend the budget, so after an outage the waiting ones drain
+			// at the app's pace, not the floor's.
+			h.refund()
+		default:
+			h.tok = budget.Token{}
+		}
+		if res.Outcome != budget.Unreachable {
+			// Before the slot frees: a pause this answer starts holds the
+			// next first attempt, not the one after it.
+			e.observe(res.Outcome, req.Attempt == 1, res.RetryAfter)
+		}
+		e.limiter.Release(res.Outcome)
+		if res.Outcome == budget.Unreachable {
+			endAttempt(span, res)
+			// Written so that a restart knows this attempt never reached the
+			// app and does not count it.
+			h.appendAsync(journal.Record{Kind: journal.Outcome, Hop: t.Hops, Attempt: req.Attempt,
+				Outcome: uint8(budget.Unreachable), Detail: res.Detail})
+			recorded = 0
+			e.gate.hold(ctx)
+			select {
+			case <-ctx.Done():
+				h.handBack()
+				return
+			case <-h.intake.Done():
+				h.handBack()
+				return
+			case <-h.d.Lost():
+				h.logger().Warn("delivery lost while the app was unreachable; the broker redelivers it")
+				return
+			case <-e.gate.openChan():
+			}
+			continue
+		}
+		// Settled under the attempt's span: the journal commit and the
+		// copy's publish and confirm are part of what the attempt cost.
+		due, again := h.decide(actx, req.Attempt, res, true)
+		endAttempt(span, res)
+		if !again || !h.wait(ctx, due) {
+			return
+		}
+	}
+}
+
+// deadlineFor is the deadline of a message first attempted at first: the
+// configured lifetime, or the producer's earlier handoff-deadline when it is
+// trusted and this is the message's first entry.
+func (h *handoff) deadlineFor(first time.Time) time.Time {
+	var earlier time.Time
+	if h.e.o.TrustProducerDeadline && !h.retry {
+		if v := h.msg.Headers[broker.HeaderDeadline]; v != "" {
+			d, err := time.Parse(time.RFC3339Nano, v)
+			if err != nil {
+				h.logger().Warn("producer deadline unreadable; using the configured one", "value", v)
+			} else {
+				earlier = d
+			}
+		}
+	}
+	return h.e.o.Policy.DeadlineFor(first, earlier)
+}
+
+// attemptAfter waits until due, then attempts.
+func (h *handoff) attemptAfter(ctx context.Context, due time.Time) {
+	if h.wait(ctx, due) {
+		h.attempt(ctx)
+	}
+}
+
+// wait holds the delivery, unsettled, until due; it reports false (having
+// handed the delivery back, or left a lost one alone) when that ends first.
+func (h *handoff) wait(ctx context.Context, due time.Time) bool {
+	t := time.NewTimer(max(due.Sub(h.e.now()), 0))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		h.trail.NextDue = time.Time{}
+		return true
+	case <-h.intake.Done():
+		h.handBack()
+	case <-ctx.Done():
+		h.handBack()
+	case <-h.d.Lost():
+	}
+	return false
+}

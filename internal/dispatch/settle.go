@@ -1,0 +1,166 @@
+package dispatch
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/budget"
+	"handoff.dev/handoff/internal/handler"
+	"handoff.dev/handoff/internal/journal"
+)
+
+// Settlement: the answer is written down, then the delivery is acked
+// (WindowHandled) or its copy published (transfer.go). Nothing is acked
+// before the journal holds what the ack stands for.
+
+// decide turns the answer to attempt into an action and carries it out.
+// record says whether the answer is new (and so goes in the journal). On an
+// in-place retry it carries out nothing and returns when to attempt again.
+func (h *handoff) decide(ctx context.Context, attempt int, res handler.Result, record bool) (time.Time, bool) {
+	e, t := h.e, &h.trail
+	now := e.now()
+	dec := e.o.Policy.Decide(budget.Input{
+		Outcome:        res.Outcome,
+		Attempt:        attempt,
+		Defers:         t.Defers,
+		FirstAttemptAt: t.FirstAttemptAt,
+		Deadline:       t.Deadline,
+		RetryAfter:     res.RetryAfter,
+		Now:            now,
+	})
+	t.Attempt = attempt
+	if res.Outcome == budget.Defer {
+		t.Defers++
+	}
+	if res.Outcome != budget.Success && res.Outcome != budget.Drop {
+		if t.FirstFailureAt.IsZero() {
+			t.FirstFailureAt = now
+		}
+		t.ErrorClass = res.Outcome.String()
+		t.Error = res.Detail
+	}
+	if h.e.log.Enabled(ctx, slog.LevelDebug) {
+		h.logger().Debug("attempt", "attempt", attempt, "outcome", res.Outcome, "status", res.Status,
+			"latency", res.Latency, "action", dec.Action)
+	}
+	var outcome []journal.Record
+	if record {
+		outcome = []journal.Record{{Kind: journal.Outcome, At: now, Hop: t.Hops, Attempt: attempt,
+			Outcome: uint8(res.Outcome), Status: res.Status, Latency: res.Latency, Detail: res.Detail}}
+	}
+	switch dec.Action {
+	case budget.Ack:
+		// Handled: written down before the ack, so a redelivery after a
+		// crash here is settled without calling the app again.
+		if !h.journal(ctx, outcome...) {
+			return time.Time{}, false
+		}
+		if res.Outcome == budget.Drop {
+			h.logger().Info("app dropped message", "attempt", attempt)
+		}
+		if h.fault(WindowHandled) {
+			return time.Time{}, false
+		}
+		h.reportReplayed(ctx)
+		h.settle("handled")
+	case budget.Delay:
+		t.NextDue = dec.Due
+		if h.r.InPlace {
+			// The message holds its place: nothing behind it in its
+			// sequence runs meanwhile, and its offset is not committed.
+			if len(outcome) > 0 {
+				h.appendAsync(outcome[0])
+			}
+			return dec.Due, true
+		}
+		h.transfer(ctx, nil, broker.Destination{Tier: dec.Tier}, "retry", outcome...)
+	case budget.DeadLetter:
+		h.deadLetter(ctx, dec.Reason, outcome...)
+	default:
+		h.logger().Error("no action for outcome; handing message back", "outcome", res.Outcome)
+		h.handBack()
+	}
+	return time.Time{}, false
+}
+
+// journal appends recs and waits for them to be durable. When that fails the
+// crash-safety this walk depends on is gone: the engine stops, as a crash
+// would, and the delivery stays unsettled for the broker to redeliver.
+func (h *handoff) journal(ctx context.Context, recs ...journal.Record) bool {
+	if pending := h.pending(); len(pending) > 0 {
+		recs = append(pending, recs...)
+	}
+	if len(recs) == 0 {
+		return true
+	}
+	span := h.startCommit(ctx, len(recs))
+	err := h.e.o.Journal.Append(ctx, h.key, recs...)
+	endCommit(span, err)
+	switch {
+	case err == nil:
+		return true
+	case ctx.Err() != nil:
+		h.handBack()
+	default:
+		h.e.fail(fmt.Errorf("journal: %w", err))
+	}
+	return false
+}
+
+// fault reports whether a test fault stopped the hand-off at w.
+func (h *handoff) fault(w Window) bool {
+	if f := h.e.o.Fault; f != nil && f(w, h.key) != nil {
+		h.logger().Warn("stopped by fault injection", "window", w)
+		return true
+	}
+	return false
+}
+
+// settle acks the delivery and reports whether the ack went out.
+func (h *handoff) settle(why string) bool {
+	if err := h.d.Ack(); err != nil {
+		h.logger().Warn("ack failed; the broker will redeliver", "err", err)
+		return false
+	}
+	h.appendAsync(journal.Record{Kind: journal.Settled, Hop: h.trail.Hops, Detail: why})
+	return true
+}
+
+// appendAsync queues rec, after the hop's RECEIVED record if that is still
+// unwritten.
+func (h *handoff) appendAsync(rec journal.Record) {
+	if pending := h.pending(); len(pending) > 0 {
+		h.e.o.Journal.AppendAsync(h.key, append(pending, rec)...)
+		return
+	}
+	h.e.o.Journal.AppendAsync(h.key, rec)
+}
+
+// pending takes the hop's RENEWED and RECEIVED records if still unwritten.
+func (h *handoff) pending() []journal.Record {
+	if h.received.Kind == 0 {
+		return nil
+	}
+	var recs []journal.Record
+	if h.renewed {
+		recs = append(recs, journal.Record{Kind: journal.Renewed, At: h.received.At})
+		h.renewed = false
+	}
+	recs = append(recs, h.received)
+	h.received = journal.Record{}
+	return recs
+}
+
+func (h *handoff) settleDuplicate(why string) bool {
+	h.logger().Info("settling a redelivery without calling the app", "hop", h.trail.Hops, "why", why)
+	h.e.o.Observer.Duplicate(h.r.Name)
+	return h.settle("duplicate: " + why)
+}
+
+func (h *handoff) handBack() {
+	h.e.handBack(h.d)
+	h.appendAsync(journal.Record{Kind: journal.Released, Hop: h.trail.Hops})
+}
