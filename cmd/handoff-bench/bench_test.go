@@ -154,3 +154,62 @@ func TestSampleAnonSeesAPeak(t *testing.T) {
 		t.Errorf("peak anonymous memory read as %d KiB, want at least the 96 MiB the child held", kib)
 	}
 }
+
+// The targets table reads each goal against the run's rows: met, missed by
+// how much, or not measured when the run left the row out.
+func TestTargets(t *testing.T) {
+	rows := []row{
+		{name: "RabbitMQ baseline (hand-written amqp091-go)", rate: 10000, cpu: 0.5},
+		{name: "RabbitMQ sidecar, journal batch", rate: 9000, cpu: 1.0, rssMB: 40},
+		{name: "RabbitMQ sidecar, journal batch, batches of 64", rate: 16000},
+		{name: "Kafka baseline (hand-written franz-go)", rate: 20000, cpu: 0.4},
+		{name: "Kafka sidecar, ordering none, journal batch", rate: 10000, cpu: 0.8, rssMB: 96},
+		{name: "Kafka sidecar, ordering none, journal batch, batches of 64", rate: 5000, note: "failed: gone"},
+	}
+	lat := []latencyRow{
+		{name: "RabbitMQ baseline (hand-written amqp091-go), half its drain rate", rate: 5000, p99: 20 * time.Millisecond},
+		{name: "RabbitMQ sidecar, journal batch, same load", rate: 5000, p99: 25 * time.Millisecond},
+	}
+	want := map[string]string{
+		"RabbitMQ, one message a request, rate":                 "met",
+		"Kafka, one message a request, rate":                    "missed: 67% of it",
+		"RabbitMQ, CPU per message":                             "missed: 1.4× the bound",
+		"Kafka, CPU per message":                                "met",
+		"RabbitMQ, batches of 64, rate":                         "met",
+		"Kafka, batches of 64, rate":                            "not measured",
+		"RabbitMQ, added p99 at half the baseline's drain rate": "met",
+		"Kafka, added p99 at half the baseline's drain rate":    "not measured",
+		"RabbitMQ, peak RSS":                                    "met",
+		"Kafka, peak RSS":                                       "missed: 1.5× the bound",
+	}
+	got := targets(rows, lat)
+	if len(got) != len(want) {
+		t.Fatalf("%d targets, want %d", len(got), len(want))
+	}
+	for _, tg := range got {
+		if w, ok := want[tg.what]; !ok || tg.verdict() != w {
+			t.Errorf("%s: %q, want %q", tg.what, tg.verdict(), w)
+		}
+	}
+}
+
+// The hand-written part of BENCH.md, from its marker on, survives a rewrite.
+func TestKeptPart(t *testing.T) {
+	path := t.TempDir() + "/BENCH.md"
+	if kept(path) != "" {
+		t.Fatal("a missing file kept something")
+	}
+	tail := keptMarker + "\n\n## Profiles\n\nby hand\n"
+	if err := os.WriteFile(path, []byte("# Benchmarks\n\ngenerated\n\n"+tail), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := kept(path); got != "\n"+tail {
+		t.Errorf("kept = %q, want %q", got, "\n"+tail)
+	}
+	if err := os.WriteFile(path, []byte("# Benchmarks\n\nno marker\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := kept(path); got != "" {
+		t.Errorf("kept without a marker = %q", got)
+	}
+}

@@ -221,7 +221,7 @@ func runHarness(args []string) error {
 		}
 	}
 
-	md := render(o, rows, ceil.rate, time.Since(started)) + renderCosts(costs) + renderLatency(lat)
+	md := render(o, rows, ceil.rate, time.Since(started)) + renderTargets(rows, lat) + renderCosts(costs) + renderLatency(lat) + kept(o.out)
 	if err := os.WriteFile(o.out, []byte(md), 0o644); err != nil {
 		return err
 	}
