@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"os"
 
 	"github.com/spf13/cobra"
 
@@ -41,7 +42,7 @@ func validateCmd() *cobra.Command {
 // loadConfig loads path; a file with problems is an exit-2 error listing
 // each with its YAML path.
 func loadConfig(path string) (config.Config, error) {
-	cfg, err := config.Load(path)
+	cfg, err := config.LoadEnv(path, os.LookupEnv)
 	if err == nil {
 		return cfg, nil
 	}

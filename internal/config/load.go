@@ -26,7 +26,11 @@ func Load(path string) (Config, error) {
 //
 // Decoding is strict: every unknown key and every value of the wrong type is
 // reported with its YAML path, all at once, before any is decoded.
-func Parse(data []byte) (Config, error) {
+func Parse(data []byte) (Config, error) { return parse(data, nil) }
+
+// parse is Parse with the environment's overrides (env.go) when lookup is
+// not nil.
+func parse(data []byte, lookup func(string) (string, bool)) (Config, error) {
 	cfg := Default()
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
@@ -46,7 +50,12 @@ func Parse(data []byte) (Config, error) {
 		return Config{}, Problems{{Message: err.Error()}}
 	}
 	cfg.applySourceDefaults()
+	set := cfg.applyEnv(lookup)
 	if err := cfg.Validate(); err != nil {
+		var ps Problems
+		if errors.As(err, &ps) && len(set) > 0 {
+			blameEnv(ps, set)
+		}
 		return cfg, err
 	}
 	return cfg, nil

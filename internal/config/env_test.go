@@ -1,0 +1,97 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const envYAML = `
+handler: {url: "http://127.0.0.1:8080/events"}
+sources:
+  - {name: orders, kafka: {brokers: ["127.0.0.1:9092"], topic: o, group: g}}
+  - {name: "pay ments", kafka: {brokers: ["127.0.0.1:9092"], topic: p, group: g}}
+  - {name: other, kafka: {brokers: ["127.0.0.1:9092"], topic: x, group: h}}
+  - {name: fixed, kafka: {brokers: ["127.0.0.1:9092"], topic: y, group: i, instance_id: chosen}}
+  - {name: queue, rabbitmq: {url: "amqp://localhost/", queue: q}}
+journal: {path: ./file.db}
+`
+
+func lookupIn(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func loadEnv(t *testing.T, yaml string, env map[string]string) (Config, error) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "handoff.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return LoadEnv(path, lookupIn(env))
+}
+
+// The variables a pod's platform sets replace the file's values; an
+// instance id is shared by the sources of different groups and made unique,
+// with the source's name, within one; a source's own id stays.
+func TestEnvOverrides(t *testing.T) {
+	cfg, err := loadEnv(t, envYAML, map[string]string{
+		"HANDOFF_JOURNAL_PATH":     "/var/lib/handoff/journal.db",
+		"HANDOFF_ADMIN_LISTEN":     "127.0.0.1:9500",
+		"HANDOFF_ADMIN_TOKEN_FILE": "/etc/handoff/token/token",
+		"HANDOFF_METRICS_LISTEN":   "0.0.0.0:9464",
+		"HANDOFF_INSTANCE_ID":      "orders-7f9c-x2",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Journal.Path != "/var/lib/handoff/journal.db" || cfg.Admin.Listen != "127.0.0.1:9500" ||
+		cfg.Admin.TokenFile != "/etc/handoff/token/token" || cfg.Telemetry.MetricsListen != "0.0.0.0:9464" {
+		t.Errorf("overrides not applied: journal %q, admin %q %q, metrics %q", cfg.Journal.Path, cfg.Admin.Listen, cfg.Admin.TokenFile, cfg.Telemetry.MetricsListen)
+	}
+	want := []string{"orders-7f9c-x2-orders", "orders-7f9c-x2-pay-ments", "orders-7f9c-x2", "chosen"}
+	for i, w := range want {
+		if got := cfg.Sources[i].Kafka.InstanceID; got != w {
+			t.Errorf("sources[%d] instance id %q, want %q", i, got, w)
+		}
+	}
+
+	// Unset or empty, the file's values stand.
+	cfg, err = loadEnv(t, envYAML, map[string]string{"HANDOFF_JOURNAL_PATH": ""})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Journal.Path != "./file.db" || cfg.Sources[0].Kafka.InstanceID != "" {
+		t.Errorf("an empty variable changed the config: journal %q, instance id %q", cfg.Journal.Path, cfg.Sources[0].Kafka.InstanceID)
+	}
+}
+
+// A bad value from the environment is refused at its key, naming the
+// variable that set it.
+func TestEnvOverrideProblemNamesTheVariable(t *testing.T) {
+	_, err := loadEnv(t, envYAML, map[string]string{"HANDOFF_INSTANCE_ID": "no spaces allowed"})
+	wantProblem(t, err, "sources[2].kafka.instance_id: want up to 249")
+	if !strings.Contains(err.Error(), "(set by HANDOFF_INSTANCE_ID)") {
+		t.Errorf("problem does not name the variable: %v", err)
+	}
+	_, err = loadEnv(t, envYAML, map[string]string{"HANDOFF_METRICS_LISTEN": "nowhere"})
+	wantProblem(t, err, "telemetry.metrics_listen:")
+	if !strings.Contains(err.Error(), "(set by HANDOFF_METRICS_LISTEN)") {
+		t.Errorf("problem does not name the variable: %v", err)
+	}
+}
+
+func TestMatchesSourcePath(t *testing.T) {
+	for path, want := range map[string]bool{
+		"sources[0].kafka.instance_id":  true,
+		"sources[12].kafka.instance_id": true,
+		"sources[].kafka.instance_id":   false,
+		"sources[x].kafka.instance_id":  false,
+		"sources[1].kafka.group":        false,
+		"journal.path":                  false,
+	} {
+		if got := matchesSourcePath(path, "sources[*].kafka.instance_id"); got != want {
+			t.Errorf("%s: %v, want %v", path, got, want)
+		}
+	}
+}
