@@ -20,6 +20,9 @@ import (
 // file others may read is a configuration the sidecar refuses (exit 2), as
 // is one that cannot be read.
 func adminToken(a config.Admin) ([]byte, error) {
+	if a.Token != "" {
+		return []byte(a.Token), nil
+	}
 	if a.TokenFile == "" {
 		return nil, nil
 	}

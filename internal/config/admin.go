@@ -34,7 +34,7 @@ func Printable(s string) bool {
 
 // Enabled reports whether the admin API is served: with a token, or with
 // anonymous reads allowed.
-func (a Admin) Enabled() bool { return a.TokenFile != "" || a.AllowAnonymousRead }
+func (a Admin) Enabled() bool { return a.TokenFile != "" || a.Token != "" || a.AllowAnonymousRead }
 
 // Notices are what an operator should know about a valid config that is
 // not a problem: a part that is off, say.

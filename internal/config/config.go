@@ -191,6 +191,12 @@ type Admin struct {
 	// with the token; a request may add an operator after it
 	// ("admin/alice"). Printable, at most MaxTokenNameLen bytes.
 	TokenName string `yaml:"token_name"`
+	// Token is the bearer token itself, from HANDOFF_ADMIN_TOKEN (never
+	// from the file): how a Kubernetes Secret reaches a sidecar that runs
+	// as a user of its own, which a Secret's files, owned by root, would
+	// have to be readable by others to reach. It takes the place of
+	// TokenFile.
+	Token string `yaml:"-"`
 }
 
 // MaxTokenNameLen bounds admin.token_name, which every ledger record of a

@@ -19,6 +19,7 @@ var envOverrides = []struct {
 	{"HANDOFF_JOURNAL_PATH", "journal.path", func(c *Config, v string) { c.Journal.Path = v }},
 	{"HANDOFF_ADMIN_LISTEN", "admin.listen", func(c *Config, v string) { c.Admin.Listen = v }},
 	{"HANDOFF_ADMIN_TOKEN_FILE", "admin.token_file", func(c *Config, v string) { c.Admin.TokenFile = v }},
+	{"HANDOFF_ADMIN_TOKEN", "admin.token_file", func(c *Config, v string) { c.Admin.Token, c.Admin.TokenFile = strings.TrimSpace(v), "" }},
 	{"HANDOFF_METRICS_LISTEN", "telemetry.metrics_listen", func(c *Config, v string) { c.Telemetry.MetricsListen = v }},
 	{"HANDOFF_INSTANCE_ID", "sources[*].kafka.instance_id", (*Config).setInstanceID},
 }

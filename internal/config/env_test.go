@@ -56,6 +56,15 @@ func TestEnvOverrides(t *testing.T) {
 		}
 	}
 
+	// A token from the environment (a Secret's key) takes the file's place.
+	cfg, err = loadEnv(t, envYAML+"admin: {token_file: /etc/t}\n", map[string]string{"HANDOFF_ADMIN_TOKEN": " s3cret\n"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Admin.Token != "s3cret" || cfg.Admin.TokenFile != "" || !cfg.Admin.Enabled() {
+		t.Errorf("HANDOFF_ADMIN_TOKEN: token %q, file %q, enabled %v", cfg.Admin.Token, cfg.Admin.TokenFile, cfg.Admin.Enabled())
+	}
+
 	// Unset or empty, the file's values stand.
 	cfg, err = loadEnv(t, envYAML, map[string]string{"HANDOFF_JOURNAL_PATH": ""})
 	if err != nil {
