@@ -1,0 +1,191 @@
+package main
+
+import (
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"gomodules.xyz/jsonpatch/v2"
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// maxReview bounds an AdmissionReview's body: the API server sends at
+// most a few MiB of object.
+const maxReview = 8 << 20
+
+// webhook answers the API server's AdmissionReviews for pods.
+type webhook struct {
+	cfg Config
+	log *slog.Logger
+}
+
+func (w *webhook) routes() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /mutate", w.mutate)
+	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(rw, "ok\n") })
+	return mux
+}
+
+func (w *webhook) mutate(rw http.ResponseWriter, r *http.Request) {
+	if ct := r.Header.Get("Content-Type"); ct != "application/json" {
+		http.Error(rw, "want Content-Type application/json, got "+ct, http.StatusUnsupportedMediaType)
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(rw, r.Body, maxReview))
+	if err != nil {
+		http.Error(rw, "read review: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	var review admissionv1.AdmissionReview
+	if err := json.Unmarshal(body, &review); err != nil || review.Request == nil {
+		http.Error(rw, fmt.Sprintf("not an AdmissionReview request: %v", err), http.StatusBadRequest)
+		return
+	}
+	resp := w.review(review.Request)
+	resp.UID = review.Request.UID
+	out := admissionv1.AdmissionReview{TypeMeta: review.TypeMeta, Response: resp}
+	if out.APIVersion == "" {
+		out.APIVersion, out.Kind = "admission.k8s.io/v1", "AdmissionReview"
+	}
+	rw.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(rw).Encode(out)
+}
+
+// review decides one request: allowed with a patch, allowed as it is, or
+// denied with the annotation to fix.
+func (w *webhook) review(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+	log := w.log.With("uid", req.UID, "namespace", req.Namespace, "name", req.Name)
+	if req.Kind.Kind != "Pod" || req.Kind.Group != "" {
+		return &admissionv1.AdmissionResponse{Allowed: true}
+	}
+	var pod corev1.Pod
+	if err := json.Unmarshal(req.Object.Raw, &pod); err != nil {
+		log.Error("pod unreadable", "err", err)
+		return deny(http.StatusBadRequest, "handoff sidecar injector: the pod could not be read: "+err.Error())
+	}
+	if pod.Name == "" {
+		pod.Name = pod.GenerateName // for the log: the API server names it later
+	}
+	patch, err := patchFor(req.Object.Raw, &pod, w.cfg)
+	if err != nil {
+		log.Info("pod denied", "pod", pod.Name, "err", err)
+		return deny(http.StatusUnprocessableEntity, err.Error())
+	}
+	if len(patch) == 0 {
+		return &admissionv1.AdmissionResponse{Allowed: true}
+	}
+	log.Info("sidecar injected", "pod", pod.Name, "operations", len(patch))
+	raw, err := json.Marshal(patch)
+	if err != nil {
+		return deny(http.StatusInternalServerError, err.Error())
+	}
+	pt := admissionv1.PatchTypeJSONPatch
+	return &admissionv1.AdmissionResponse{Allowed: true, Patch: raw, PatchType: &pt}
+}
+
+// patchFor is the JSON patch that turns the pod (raw, as the API server
+// sent it, and pod, decoded from it) into the injected one; empty when
+// nothing changes.
+func patchFor(raw []byte, pod *corev1.Pod, cfg Config) ([]jsonpatch.Operation, error) {
+	out, err := inject(pod, cfg)
+	if err != nil {
+		return nil, err
+	}
+	mutated, err := json.Marshal(out)
+	if err != nil {
+		return nil, err
+	}
+	if !wants(pod) || injected(pod) {
+		return nil, nil
+	}
+	// Against the object as the API server holds it, which the patch is
+	// applied to: a field the types write and the request left out
+	// (resources: {}) would otherwise be a path the server does not have.
+	return jsonpatch.CreatePatch(raw, mutated)
+}
+
+func deny(code int32, msg string) *admissionv1.AdmissionResponse {
+	return &admissionv1.AdmissionResponse{Allowed: false, Result: &metav1.Status{Status: metav1.StatusFailure, Code: code, Message: msg}}
+}
+
+// certReloader serves the certificate in certFile and keyFile, read again
+// when either file changes: a cert-manager renewal, a rotated Secret.
+type certReloader struct {
+	certFile, keyFile string
+	log               *slog.Logger
+
+	mu      sync.Mutex
+	cert    *tls.Certificate
+	stamp   string // the files' sizes and times when cert was read
+	checked time.Time
+}
+
+// checkEvery bounds how often the files are looked at: once per handshake
+// would be a stat per connection.
+const checkEvery = time.Second
+
+func newCertReloader(certFile, keyFile string, log *slog.Logger) (*certReloader, error) {
+	r := &certReloader{certFile: certFile, keyFile: keyFile, log: log}
+	if _, err := r.get(true); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *certReloader) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	return r.get(false)
+}
+
+func (r *certReloader) get(force bool) (*tls.Certificate, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !force && time.Since(r.checked) < checkEvery {
+		return r.cert, nil
+	}
+	r.checked = time.Now()
+	stamp, err := fileStamp(r.certFile, r.keyFile)
+	if err != nil {
+		if r.cert != nil {
+			r.log.Warn("certificate files unreadable; serving the one loaded before", "err", err)
+			return r.cert, nil
+		}
+		return nil, err
+	}
+	if stamp == r.stamp && r.cert != nil {
+		return r.cert, nil
+	}
+	cert, err := tls.LoadX509KeyPair(r.certFile, r.keyFile)
+	if err != nil {
+		if r.cert != nil {
+			// Mid-rotation: one file written, the other not yet.
+			r.log.Warn("certificate and key do not load; serving the ones loaded before", "err", err)
+			return r.cert, nil
+		}
+		return nil, fmt.Errorf("load certificate: %w", err)
+	}
+	if r.cert != nil {
+		r.log.Info("certificate reloaded", "cert", r.certFile)
+	}
+	r.cert, r.stamp = &cert, stamp
+	return r.cert, nil
+}
+
+func fileStamp(paths ...string) (string, error) {
+	var s string
+	for _, p := range paths {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return "", err
+		}
+		s += fmt.Sprintf("%s:%d:%d;", p, fi.Size(), fi.ModTime().UnixNano())
+	}
+	return s, nil
+}
