@@ -19,9 +19,21 @@ type tree struct {
 }
 
 func (j *Journal) buckets(tx *bolt.Tx) tree {
-	return tree{ids: tx.Bucket(bucketIDs), records: tx.Bucket(bucketRecords),
+	b := tree{ids: tx.Bucket(bucketIDs), records: tx.Bucket(bucketRecords),
 		pending: tx.Bucket(bucketPending), expiry: tx.Bucket(bucketExpiry), recent: j.recent}
+	if b.expiry != nil {
+		// Settle times rise, so the index grows at its end, where bbolt's
+		// default split leaves pages half full: 0.9 fills them to 89%, 30
+		// bytes a hand-off less. The records bucket grows near its end but
+		// not at it (the hand-offs in flight write just before the end),
+		// and a split that leaves pages fuller only splits them again.
+		b.expiry.FillPercent = fillAtEnd
+	}
+	return b
 }
+
+// fillAtEnd is how full a page split at the expiry index's end is left.
+const fillAtEnd = 0.9
 
 // get reads the value of key k, like Bucket.Get, through *c, which it makes
 // from bk when it is nil.
