@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -205,4 +207,67 @@ journal: {path: %q}
 		t.Errorf("app called %d times, want exactly the 2 in flight at SIGTERM", calls)
 	}
 	waitFor(t, 5*time.Second, "the undelivered messages back in the queue", func() bool { return depth(t, conn, q) == 6-calls })
+}
+
+// TestHTTPDrainWaitsForInFlight is the preStop hook's view of
+// shutdown.http_drain: GET /drain answers only once the calls in flight
+// have finished and been acked and the deliveries not started are back in
+// the queue; then the process exits 0. Nothing reaches the app after the
+// answer, which is when Kubernetes signals the app.
+func TestHTTPDrainWaitsForInFlight(t *testing.T) {
+	t.Parallel()
+	bin := sidecarBinary(t)
+	conn := dialRabbit(t)
+	q := testQueue(t, conn, []time.Duration{time.Second})
+	started := make(chan struct{}, 16)
+	var finished atomic.Int32
+	a := newApp(t, func(w http.ResponseWriter, _ call, _ []call) {
+		started <- struct{}{}
+		time.Sleep(700 * time.Millisecond)
+		finished.Add(1)
+		w.WriteHeader(http.StatusOK)
+	})
+	path := writeFile(t, fmt.Sprintf(`handler: {url: %q, max_concurrency: 2}
+sources:
+  - name: drain
+    rabbitmq: {url: %q, queue: %q, prefetch: 4}
+retry: {tiers: [1s]}
+telemetry: {metrics_listen: "127.0.0.1:0"}
+shutdown: {drain_timeout: 10s, http_drain: true}
+journal: {path: %q}
+`, a.url(), rabbitURL(), q, filepath.Join(t.TempDir(), "handoff.db")))
+	r := startBinary(t, bin, path)
+	var msgs []publishing
+	for i := range 6 {
+		msgs = append(msgs, publishing{MessageId: fmt.Sprintf("h-%d", i), Body: []byte("x")})
+	}
+	publish(t, conn, q, msgs...)
+	for range 2 {
+		select {
+		case <-started:
+		case <-time.After(15 * time.Second):
+			t.Fatalf("no calls started; sidecar log:\n%s", r.log.String())
+		}
+	}
+	resp, err := (&http.Client{Timeout: 15 * time.Second}).Get("http://" + r.health + "/drain")
+	if err != nil {
+		t.Fatalf("GET /drain: %v; log:\n%s", err, r.log.String())
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	answeredAfter := finished.Load()
+	callsAtAnswer := len(a.allCalls())
+	if resp.StatusCode != http.StatusOK || string(body) != "drained\n" {
+		t.Errorf("GET /drain = %d %q, want 200 drained", resp.StatusCode, body)
+	}
+	if answeredAfter != 2 || callsAtAnswer != 2 {
+		t.Errorf("/drain answered with %d of %d calls finished, want both in-flight calls done first", answeredAfter, callsAtAnswer)
+	}
+	if err := waitExit(t, r.cmd, 15*time.Second, r.log); err != nil {
+		t.Fatalf("sidecar exited with %v after the drain; log:\n%s", err, r.log.String())
+	}
+	if n := len(a.allCalls()); n != callsAtAnswer {
+		t.Errorf("the app was called %d times after the drain answered", n-callsAtAnswer)
+	}
+	waitFor(t, 5*time.Second, "the undelivered messages back in the queue", func() bool { return depth(t, conn, q) == 6-callsAtAnswer })
 }

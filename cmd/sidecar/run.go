@@ -310,6 +310,11 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 	// journal closes. Broker connections and the health server outlive
 	// intake, in that order: the drain settles through the brokers, and the
 	// health server says "not ready" all the while.
+	// A drain asked for over HTTP (shutdown.http_drain) stops the sidecar
+	// as a signal would; the engine's end is what its answer waits for.
+	ctx, requestDrain := context.WithCancel(ctx)
+	defer requestDrain()
+	drained := make(chan struct{})
 	g, run := errgroup.WithContext(ctx)
 	// Not ready is the first step of a stop: the moment run ends, before
 	// intake stops, so that no new traffic is routed to a sidecar going away.
@@ -350,6 +355,17 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 			_ = g.Wait()
 			return err
 		}
+		if cfg.Shutdown.HTTPDrain {
+			hs.HandleDrain(func(req context.Context) error {
+				requestDrain()
+				select {
+				case <-drained:
+					return nil
+				case <-req.Done():
+					return req.Err()
+				}
+			})
+		}
 		log.Info("health endpoints listening", "addr", hs.Addr())
 		if hk.healthAddr != nil {
 			hk.healthAddr(hs.Addr())
@@ -385,6 +401,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 		}()
 		log.Info("sidecar running", "sources", len(routes), "handler", redact.URL(cfg.Handler.URL))
 		err := engine.Run(run)
+		close(drained)
 		log.Info("intake stopped and in-flight settled; closing")
 		return err
 	})

@@ -231,6 +231,12 @@ type Telemetry struct {
 // Shutdown bounds the drain on SIGTERM.
 type Shutdown struct {
 	DrainTimeout Duration `yaml:"drain_timeout"`
+	// HTTPDrain serves GET /drain on telemetry.metrics_listen: it starts
+	// the shutdown a SIGTERM would, and answers once intake has stopped and
+	// the deliveries in flight are settled or handed back. A Kubernetes
+	// preStop hook on the app's container calls it, so that the drain
+	// runs while the app still answers; the process then exits.
+	HTTPDrain bool `yaml:"http_drain"`
 }
 
 // Default returns a Config holding every default; Load decodes a file over it.

@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 )
 
@@ -14,14 +15,25 @@ import (
 // names the variable beside the key.
 var envOverrides = []struct {
 	name, path string
-	set        func(c *Config, v string)
+	set        func(c *Config, v string) error
 }{
-	{"HANDOFF_JOURNAL_PATH", "journal.path", func(c *Config, v string) { c.Journal.Path = v }},
-	{"HANDOFF_ADMIN_LISTEN", "admin.listen", func(c *Config, v string) { c.Admin.Listen = v }},
-	{"HANDOFF_ADMIN_TOKEN_FILE", "admin.token_file", func(c *Config, v string) { c.Admin.TokenFile = v }},
-	{"HANDOFF_ADMIN_TOKEN", "admin.token_file", func(c *Config, v string) { c.Admin.Token, c.Admin.TokenFile = strings.TrimSpace(v), "" }},
-	{"HANDOFF_METRICS_LISTEN", "telemetry.metrics_listen", func(c *Config, v string) { c.Telemetry.MetricsListen = v }},
-	{"HANDOFF_INSTANCE_ID", "sources[*].kafka.instance_id", (*Config).setInstanceID},
+	{"HANDOFF_JOURNAL_PATH", "journal.path", func(c *Config, v string) error { c.Journal.Path = v; return nil }},
+	{"HANDOFF_ADMIN_LISTEN", "admin.listen", func(c *Config, v string) error { c.Admin.Listen = v; return nil }},
+	{"HANDOFF_ADMIN_TOKEN_FILE", "admin.token_file", func(c *Config, v string) error { c.Admin.TokenFile = v; return nil }},
+	{"HANDOFF_ADMIN_TOKEN", "admin.token_file", func(c *Config, v string) error {
+		c.Admin.Token, c.Admin.TokenFile = strings.TrimSpace(v), ""
+		return nil
+	}},
+	{"HANDOFF_METRICS_LISTEN", "telemetry.metrics_listen", func(c *Config, v string) error { c.Telemetry.MetricsListen = v; return nil }},
+	{"HANDOFF_INSTANCE_ID", "sources[*].kafka.instance_id", func(c *Config, v string) error { c.setInstanceID(v); return nil }},
+	{"HANDOFF_HTTP_DRAIN", "shutdown.http_drain", func(c *Config, v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("want true or false, got %q", v)
+		}
+		c.Shutdown.HTTPDrain = b
+		return nil
+	}},
 }
 
 // EnvNames lists the environment variables the config reads, with the key
@@ -45,19 +57,24 @@ func LoadEnv(path string, lookup func(string) (string, bool)) (Config, error) {
 }
 
 // applyEnv sets the keys the environment overrides, and returns the YAML
-// path of each with the variable that set it.
-func (c *Config) applyEnv(lookup func(string) (string, bool)) map[string]string {
+// path of each with the variable that set it, and a problem for each value
+// that does not parse.
+func (c *Config) applyEnv(lookup func(string) (string, bool)) (map[string]string, Problems) {
 	if lookup == nil {
-		return nil
+		return nil, nil
 	}
 	set := map[string]string{}
+	var ps Problems
 	for _, o := range envOverrides {
 		if v, ok := lookup(o.name); ok && v != "" {
-			o.set(c, v)
+			if err := o.set(c, v); err != nil {
+				ps.add(o.path, "%v (set by %s)", err, o.name)
+				continue
+			}
 			set[o.path] = o.name
 		}
 	}
-	return set
+	return set, ps
 }
 
 // setInstanceID gives every Kafka source without an instance_id the id v,

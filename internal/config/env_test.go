@@ -83,6 +83,14 @@ func TestEnvOverrideProblemNamesTheVariable(t *testing.T) {
 	if !strings.Contains(err.Error(), "(set by HANDOFF_INSTANCE_ID)") {
 		t.Errorf("problem does not name the variable: %v", err)
 	}
+	_, err = loadEnv(t, envYAML, map[string]string{"HANDOFF_HTTP_DRAIN": "sure"})
+	wantProblem(t, err, `shutdown.http_drain: want true or false, got "sure" (set by HANDOFF_HTTP_DRAIN)`)
+	_, err = loadEnv(t, envYAML, map[string]string{"HANDOFF_HTTP_DRAIN": "true", "HANDOFF_METRICS_LISTEN": ""})
+	if err != nil {
+		t.Errorf("http_drain with the default metrics listener: %v", err)
+	}
+	_, err = loadEnv(t, envYAML+"telemetry: {metrics_listen: \"\"}\n", map[string]string{"HANDOFF_HTTP_DRAIN": "1"})
+	wantProblem(t, err, "shutdown.http_drain: needs telemetry.metrics_listen")
 	_, err = loadEnv(t, envYAML, map[string]string{"HANDOFF_METRICS_LISTEN": "nowhere"})
 	wantProblem(t, err, "telemetry.metrics_listen:")
 	if !strings.Contains(err.Error(), "(set by HANDOFF_METRICS_LISTEN)") {

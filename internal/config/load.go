@@ -50,7 +50,10 @@ func parse(data []byte, lookup func(string) (string, bool)) (Config, error) {
 		return Config{}, Problems{{Message: err.Error()}}
 	}
 	cfg.applySourceDefaults()
-	set := cfg.applyEnv(lookup)
+	set, envProblems := cfg.applyEnv(lookup)
+	if len(envProblems) > 0 {
+		return cfg, envProblems
+	}
 	if err := cfg.Validate(); err != nil {
 		var ps Problems
 		if errors.As(err, &ps) && len(set) > 0 {

@@ -108,6 +108,9 @@ func (c *Config) Validate() error {
 	if c.Telemetry.DrainWindow < Duration(time.Second) || c.Telemetry.DrainWindow > Duration(time.Hour) {
 		ps.add("telemetry.drain_window", "must be between 1s and 1h")
 	}
+	if c.Shutdown.HTTPDrain && c.Telemetry.MetricsListen == "" {
+		ps.add("shutdown.http_drain", "needs telemetry.metrics_listen, where /drain is served")
+	}
 	if c.Shutdown.DrainTimeout < 0 {
 		ps.add("shutdown.drain_timeout", "must not be negative")
 	}

@@ -23,6 +23,7 @@ type Check struct {
 type Server struct {
 	ln     net.Listener
 	srv    *http.Server
+	mux    *http.ServeMux
 	log    *slog.Logger
 	checks []Check
 }
@@ -34,8 +35,8 @@ func Listen(addr string, checks []Check, metrics http.Handler, log *slog.Logger)
 	if err != nil {
 		return nil, fmt.Errorf("telemetry listen %s: %w", addr, err)
 	}
-	s := &Server{ln: ln, log: log, checks: checks}
 	mux := http.NewServeMux()
+	s := &Server{ln: ln, log: log, checks: checks, mux: mux}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
 	})
@@ -45,6 +46,20 @@ func Listen(addr string, checks []Check, metrics http.Handler, log *slog.Logger)
 	}
 	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	return s, nil
+}
+
+// HandleDrain serves GET /drain, before Run: drain starts the shutdown,
+// and its answer waits until drain returns (or the caller leaves). A
+// second call waits for the same drain.
+func (s *Server) HandleDrain(drain func(ctx context.Context) error) {
+	s.mux.HandleFunc("GET /drain", func(w http.ResponseWriter, r *http.Request) {
+		s.log.Info("drain requested", "remote", r.RemoteAddr)
+		if err := drain(r.Context()); err != nil {
+			http.Error(w, redact.Text(err.Error()), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("drained\n"))
+	})
 }
 
 // Addr is the bound address.
