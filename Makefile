@@ -4,11 +4,22 @@ PKGS     := ./...
 export HANDOFF_RABBITMQ_URL ?= amqp://guest:guest@127.0.0.1:5672/
 export HANDOFF_KAFKA_BROKERS ?= 127.0.0.1:19092
 
-.PHONY: build demo brokers brokers-stop test test-short lint fmt fuzz bench proto clean
+.PHONY: build demo brokers brokers-stop test test-short lint fmt fuzz bench proto clean image
 
 build:
 	$(GO) build -o bin/sidecar ./cmd/sidecar
+	$(GO) build -o bin/sidecar-injector ./deploy/sidecar-injector
 	$(GO) build -o bin/handoff-bench ./cmd/handoff-bench
+
+# Container images of the sidecar and the sidecar injector, both built by
+# the Dockerfile's one build stage with `make build` (docker, or podman as
+# DOCKER=podman).
+DOCKER     ?= docker
+IMAGE_REPO ?= ghcr.io/handoff-dev
+VERSION    ?= 0.1.0
+image:
+	$(DOCKER) build --target sidecar -t $(IMAGE_REPO)/sidecar:$(VERSION) .
+	$(DOCKER) build --target sidecar-injector -t $(IMAGE_REPO)/sidecar-injector:$(VERSION) .
 
 # The whole pipeline on an embedded Kafka, with a demo producer and app.
 demo: build

@@ -5,6 +5,7 @@
 //
 //	sidecar-injector -config /etc/handoff-injector/config.yaml \
 //	    -tls-cert /etc/handoff-injector/tls/tls.crt -tls-key /etc/handoff-injector/tls/tls.key
+//	sidecar-injector certs -out deploy/sidecar-injector/manifests/tls
 package main
 
 import (
@@ -23,7 +24,13 @@ import (
 )
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
+	var err error
+	if len(os.Args) > 1 && os.Args[1] == "certs" {
+		err = runCerts(os.Args[2:])
+	} else {
+		err = run(os.Args[1:])
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "sidecar-injector:", err)
 		os.Exit(1)
 	}
@@ -49,16 +56,16 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	return serve(ctx, ln, cfg, *certFile, *keyFile, log)
+	certs, err := newCertReloader(*certFile, *keyFile, log)
+	if err != nil {
+		return err
+	}
+	return serve(ctx, ln, cfg, certs, log)
 }
 
 // serve answers on ln over TLS until ctx is done, then lets requests in
 // flight finish.
-func serve(ctx context.Context, ln net.Listener, cfg Config, certFile, keyFile string, log *slog.Logger) error {
-	certs, err := newCertReloader(certFile, keyFile, log)
-	if err != nil {
-		return err
-	}
+func serve(ctx context.Context, ln net.Listener, cfg Config, certs *certReloader, log *slog.Logger) error {
 	wh := &webhook{cfg: cfg, log: log}
 	srv := &http.Server{
 		Handler:           wh.routes(),
@@ -78,7 +85,7 @@ func serve(ctx context.Context, ln net.Listener, cfg Config, certFile, keyFile s
 	}
 	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	err = srv.Shutdown(shutdown)
+	err := srv.Shutdown(shutdown)
 	if e := <-errc; !errors.Is(e, http.ErrServerClosed) && err == nil {
 		err = e
 	}

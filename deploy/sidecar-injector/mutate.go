@@ -227,6 +227,10 @@ func inject(pod *corev1.Pod, cfg Config) (*corev1.Pod, error) {
 		return out, nil
 	}
 	if injected(pod) {
+		// Called again (reinvocationPolicy IfNeeded) after a mesh's
+		// injector added its native proxy after Handoff: move Handoff
+		// behind it. Nothing else of an injected pod changes.
+		afterMeshProxy(out)
 		return out, nil
 	}
 	o, err := readOptions(pod, cfg)
@@ -237,28 +241,39 @@ func inject(pod *corev1.Pod, cfg Config) (*corev1.Pod, error) {
 	if o.native {
 		always := corev1.ContainerRestartPolicyAlways
 		c.RestartPolicy = &always
-		// After the mesh proxy when it is a native sidecar too, so that the
-		// proxy is up before Handoff dials the broker through it; else
-		// first, so it starts before the app's init containers need it.
-		at := 0
-		for i, ic := range out.Spec.InitContainers {
-			if isMeshProxy(ic) && ic.RestartPolicy != nil && *ic.RestartPolicy == corev1.ContainerRestartPolicyAlways {
-				at = i + 1
-			}
-		}
-		out.Spec.InitContainers = slices.Insert(out.Spec.InitContainers, at, c)
+		// First, so it starts before the app's init containers need it;
+		// then after a mesh proxy that is a native sidecar too.
+		out.Spec.InitContainers = slices.Insert(out.Spec.InitContainers, 0, c)
+		afterMeshProxy(out)
 	} else {
 		out.Spec.Containers = append(out.Spec.Containers, c)
 	}
-	out.Spec.Volumes = append(out.Spec.Volumes, o.volumes()...)
-	// The app finds the admin API on localhost.
+	// A pod of a StatefulSet whose volumeClaimTemplates name one
+	// handoff-journal has its own claim already: the journal goes there.
+	ownJournal := slices.ContainsFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == journalVolume })
+	if ownJournal && o.claim != "" {
+		return nil, &Denial{annJournalClaim, "the pod has a volume " + journalVolume + " of its own already", "remove the annotation to keep the journal on that volume, or rename the volume"}
+	}
+	out.Spec.Volumes = append(out.Spec.Volumes, o.volumes(!ownJournal)...)
+	// The app finds the admin API on localhost, and its stop waits for
+	// Handoff's drain: Kubernetes runs a container's preStop hook before
+	// it signals it, and /drain answers once intake has stopped and the
+	// calls in flight are done. A hook of the app's own is left alone.
 	addr := fmt.Sprintf("127.0.0.1:%d", o.adminPort)
 	for i := range out.Spec.Containers {
 		ct := &out.Spec.Containers[i]
-		if ct.Name == containerName || isMeshProxy(*ct) || slices.ContainsFunc(ct.Env, func(e corev1.EnvVar) bool { return e.Name == envAdminAddr }) {
+		if ct.Name == containerName || isMeshProxy(*ct) {
 			continue
 		}
-		ct.Env = append(ct.Env, corev1.EnvVar{Name: envAdminAddr, Value: addr})
+		if !slices.ContainsFunc(ct.Env, func(e corev1.EnvVar) bool { return e.Name == envAdminAddr }) {
+			ct.Env = append(ct.Env, corev1.EnvVar{Name: envAdminAddr, Value: addr})
+		}
+		if ct.Lifecycle == nil {
+			ct.Lifecycle = &corev1.Lifecycle{}
+		}
+		if ct.Lifecycle.PreStop == nil {
+			ct.Lifecycle.PreStop = &corev1.LifecycleHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/drain", Port: intstr.FromInt32(o.metricsPort)}}
+		}
 	}
 	if out.Annotations == nil {
 		out.Annotations = map[string]string{}
@@ -270,6 +285,26 @@ func inject(pod *corev1.Pod, cfg Config) (*corev1.Pod, error) {
 	}
 	out.Annotations[annStatus] = "injected"
 	return out, nil
+}
+
+// afterMeshProxy moves the native Handoff sidecar right after the last
+// mesh proxy that is a native sidecar too, when it is before it: the proxy
+// is up before Handoff dials the broker through it.
+func afterMeshProxy(pod *corev1.Pod) {
+	ics := pod.Spec.InitContainers
+	at := slices.IndexFunc(ics, func(c corev1.Container) bool { return c.Name == containerName })
+	proxy := -1
+	for i, c := range ics {
+		if isMeshProxy(c) && c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+			proxy = i
+		}
+	}
+	if at < 0 || proxy < at {
+		return
+	}
+	c := ics[at]
+	ics = slices.Delete(ics, at, at+1)
+	pod.Spec.InitContainers = slices.Insert(ics, proxy, c) // proxy moved one left
 }
 
 func isMeshProxy(c corev1.Container) bool {
@@ -301,6 +336,8 @@ func (o options) container(cfg Config) corev1.Container {
 		{Name: "HANDOFF_METRICS_LISTEN", Value: fmt.Sprintf("0.0.0.0:%d", o.metricsPort)},
 		// The admin API has no TLS: it stays on the pod's loopback.
 		{Name: "HANDOFF_ADMIN_LISTEN", Value: fmt.Sprintf("127.0.0.1:%d", o.adminPort)},
+		// GET /drain, for the app containers' preStop hooks.
+		{Name: "HANDOFF_HTTP_DRAIN", Value: "true"},
 	}
 	if o.tokenSecret != "" {
 		env = append(env, corev1.EnvVar{Name: "HANDOFF_ADMIN_TOKEN", ValueFrom: &corev1.EnvVarSource{
@@ -342,18 +379,22 @@ func (o options) container(cfg Config) corev1.Container {
 	return c
 }
 
-// volumes are the sidecar's config and journal volumes.
-func (o options) volumes() []corev1.Volume {
-	journal := corev1.Volume{Name: journalVolume}
-	if o.claim != "" {
-		journal.PersistentVolumeClaim = &corev1.PersistentVolumeClaimVolumeSource{ClaimName: o.claim}
-	} else {
-		journal.EmptyDir = &corev1.EmptyDirVolumeSource{}
-	}
+// volumes are the sidecar's config volume, and its journal's when journal
+// is set.
+func (o options) volumes(journal bool) []corev1.Volume {
 	mode := int32(0o444)
-	return []corev1.Volume{
+	vols := []corev1.Volume{
 		{Name: configVolume, VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
 			LocalObjectReference: corev1.LocalObjectReference{Name: o.config}, DefaultMode: &mode}}},
-		journal,
 	}
+	if !journal {
+		return vols
+	}
+	j := corev1.Volume{Name: journalVolume}
+	if o.claim != "" {
+		j.PersistentVolumeClaim = &corev1.PersistentVolumeClaimVolumeSource{ClaimName: o.claim}
+	} else {
+		j.EmptyDir = &corev1.EmptyDirVolumeSource{}
+	}
+	return append(vols, j)
 }

@@ -170,6 +170,9 @@ func checkSidecar(t *testing.T, pod *corev1.Pod, c corev1.Container, adminPort, 
 	if e := env(c, "HANDOFF_JOURNAL_PATH"); e == nil || !strings.HasPrefix(e.Value, "/var/lib/handoff/") {
 		t.Errorf("HANDOFF_JOURNAL_PATH = %+v, want on the journal volume", e)
 	}
+	if e := env(c, "HANDOFF_HTTP_DRAIN"); e == nil || e.Value != "true" {
+		t.Errorf("HANDOFF_HTTP_DRAIN = %+v, want true", e)
+	}
 	if e := env(c, "HANDOFF_ADMIN_LISTEN"); e == nil || !strings.HasPrefix(e.Value, "127.0.0.1:") {
 		t.Errorf("HANDOFF_ADMIN_LISTEN = %+v, want the pod's loopback", e)
 	}
@@ -204,6 +207,11 @@ func checkSidecar(t *testing.T, pod *corev1.Pod, c corev1.Container, adminPort, 
 		}
 		if e := env(app, envAdminAddr); e == nil || e.Value != want {
 			t.Errorf("app container %s: %s = %+v, want %s", app.Name, envAdminAddr, e, want)
+		}
+		if l := app.Lifecycle; l == nil || l.PreStop == nil || l.PreStop.HTTPGet == nil && l.PreStop.Exec == nil {
+			t.Errorf("app container %s has no preStop hook", app.Name)
+		} else if g := l.PreStop.HTTPGet; g != nil && (g.Path != "/drain" || g.Port.IntValue() != int(metricsPort)) {
+			t.Errorf("app container %s: preStop %+v, want GET /drain on %d", app.Name, g, metricsPort)
 		}
 	}
 	if pod.Annotations[annStatus] != "injected" {
@@ -245,6 +253,9 @@ func TestInjectGolden(t *testing.T) {
 		tok := env(c, "HANDOFF_ADMIN_TOKEN")
 		if tok == nil || tok.ValueFrom == nil || tok.ValueFrom.SecretKeyRef == nil || tok.ValueFrom.SecretKeyRef.Name != "orders-admin-token" || tok.ValueFrom.SecretKeyRef.Key != "token" {
 			t.Errorf("HANDOFF_ADMIN_TOKEN = %+v, want the Secret's token key", tok)
+		}
+		if l := find(t, out.Spec.Containers, "worker").Lifecycle; l.PreStop.Exec == nil || l.PreStop.HTTPGet != nil {
+			t.Errorf("the worker's own preStop hook was replaced: %+v", l.PreStop)
 		}
 		if e := env(find(t, out.Spec.Containers, "app"), "LOG_LEVEL"); e == nil || e.Value != "debug" {
 			t.Error("the app's own environment was lost")
@@ -300,6 +311,19 @@ func TestInjectGolden(t *testing.T) {
 		}
 		checkSidecar(t, out, find(t, out.Spec.InitContainers, "handoff"), 9400, 9464, "handoff.yaml")
 	})
+	t.Run("statefulset claim", func(t *testing.T) {
+		_, out, _ := applyGolden(t, "statefulset-claim")
+		var journals []corev1.Volume
+		for _, v := range out.Spec.Volumes {
+			if v.Name == "handoff-journal" {
+				journals = append(journals, v)
+			}
+		}
+		if len(journals) != 1 || journals[0].PersistentVolumeClaim == nil || journals[0].PersistentVolumeClaim.ClaimName != "handoff-journal-orders-2" {
+			t.Errorf("journal volumes %+v, want the pod's own claim, once", journals)
+		}
+		checkSidecar(t, out, find(t, out.Spec.InitContainers, "handoff"), 9400, 9464, "handoff.yaml")
+	})
 	t.Run("after istio's native proxy", func(t *testing.T) {
 		_, out, _ := applyGolden(t, "istio-native")
 		if got := names(out.Spec.InitContainers); !slices.Equal(got, []string{"istio-init", "istio-proxy", "handoff"}) {
@@ -312,6 +336,15 @@ func TestInjectGolden(t *testing.T) {
 			t.Error("the mesh proxy got the app's environment")
 		}
 		checkSidecar(t, out, find(t, out.Spec.InitContainers, "handoff"), 9400, 9464, "handoff.yaml")
+	})
+	t.Run("reinvoked after istio", func(t *testing.T) {
+		in, out, _ := applyGolden(t, "reinvoked-after-istio")
+		if got := names(out.Spec.InitContainers); !slices.Equal(got, []string{"istio-init", "istio-proxy", "handoff"}) {
+			t.Errorf("init containers %v, want handoff moved behind the proxy", got)
+		}
+		if len(out.Spec.Volumes) != len(in.Spec.Volumes) || len(out.Spec.Containers[0].Env) != 1 {
+			t.Error("a reinvocation changed more than the order")
+		}
 	})
 	t.Run("beside linkerd's plain proxy", func(t *testing.T) {
 		_, out, _ := applyGolden(t, "linkerd-plain")
@@ -358,6 +391,11 @@ func TestInjectDeniesBadAnnotations(t *testing.T) {
 		if !errors.As(err, &d) || d.Annotation != ann || d.Fix == "" {
 			t.Errorf("%s: %q: err = %v, want a denial naming it with a fix", ann, val, err)
 		}
+	}
+	pod, _ = readPod(t, "statefulset-claim")
+	pod.Annotations[annJournalClaim] = "another-claim"
+	if _, err := inject(pod, testConfig()); !errors.As(err, &d) || d.Annotation != annJournalClaim {
+		t.Errorf("a claim named beside the pod's own journal volume: err = %v, want a denial naming %s", err, annJournalClaim)
 	}
 	pod = base.DeepCopy()
 	delete(pod.Annotations, annConfig)

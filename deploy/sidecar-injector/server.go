@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -103,7 +104,11 @@ func patchFor(raw []byte, pod *corev1.Pod, cfg Config) ([]jsonpatch.Operation, e
 	if err != nil {
 		return nil, err
 	}
-	if !wants(pod) || injected(pod) {
+	// A pod that does not ask, or that was injected and kept its order,
+	// has no patch: a diff against the request would only show how the
+	// request spelt what it left out.
+	if !wants(pod) || injected(pod) && slices.EqualFunc(pod.Spec.InitContainers, out.Spec.InitContainers,
+		func(a, b corev1.Container) bool { return a.Name == b.Name }) {
 		return nil, nil
 	}
 	// Against the object as the API server holds it, which the patch is
@@ -122,18 +127,21 @@ type certReloader struct {
 	certFile, keyFile string
 	log               *slog.Logger
 
+	// every bounds how often the files are looked at: once per handshake
+	// would be two stats per connection.
+	every time.Duration
+
 	mu      sync.Mutex
 	cert    *tls.Certificate
 	stamp   string // the files' sizes and times when cert was read
 	checked time.Time
 }
 
-// checkEvery bounds how often the files are looked at: once per handshake
-// would be a stat per connection.
+// checkEvery is certReloader.every outside tests.
 const checkEvery = time.Second
 
 func newCertReloader(certFile, keyFile string, log *slog.Logger) (*certReloader, error) {
-	r := &certReloader{certFile: certFile, keyFile: keyFile, log: log}
+	r := &certReloader{certFile: certFile, keyFile: keyFile, log: log, every: checkEvery}
 	if _, err := r.get(true); err != nil {
 		return nil, err
 	}
@@ -147,7 +155,7 @@ func (r *certReloader) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, e
 func (r *certReloader) get(force bool) (*tls.Certificate, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !force && time.Since(r.checked) < checkEvery {
+	if !force && time.Since(r.checked) < r.every {
 		return r.cert, nil
 	}
 	r.checked = time.Now()

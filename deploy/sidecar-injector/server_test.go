@@ -1,0 +1,228 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	jsonpatch "github.com/evanphx/json-patch/v5"
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// injector is a webhook server on loopback over real TLS, with the
+// certificate files it serves from.
+type injector struct {
+	url, dir string
+	stop     func()
+}
+
+func startInjector(t *testing.T) *injector {
+	t.Helper()
+	dir := t.TempDir()
+	if err := writeCerts(dir, []string{"localhost", "handoff-injector.handoff-system.svc"}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	certs, err := newCertReloader(filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs.every = 0 // every handshake looks at the files
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, ln, testConfig(), certs, log) }()
+	in := &injector{url: "https://localhost:" + strings.TrimPrefix(ln.Addr().String(), "127.0.0.1:"), dir: dir}
+	in.stop = func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	}
+	t.Cleanup(in.stop)
+	return in
+}
+
+// client trusts the CA in the injector's directory as it is now.
+func (in *injector) client(t *testing.T) *http.Client {
+	t.Helper()
+	pem, err := os.ReadFile(filepath.Join(in.dir, "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		t.Fatal("CA unreadable")
+	}
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		TLSClientConfig:   &tls.Config{RootCAs: pool},
+		DisableKeepAlives: true, // each request a handshake: it sees the certificate of the moment
+	}}
+}
+
+func (in *injector) review(t *testing.T, c *http.Client, pod []byte) *admissionv1.AdmissionResponse {
+	t.Helper()
+	rv := admissionv1.AdmissionReview{
+		TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
+		Request: &admissionv1.AdmissionRequest{
+			UID:       types.UID("3f1c-uid"),
+			Kind:      metav1.GroupVersionKind{Version: "v1", Kind: "Pod"},
+			Resource:  metav1.GroupVersionResource{Version: "v1", Resource: "pods"},
+			Namespace: "shop",
+			Operation: admissionv1.Create,
+			Object:    runtime.RawExtension{Raw: pod},
+		},
+	}
+	body, err := json.Marshal(rv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.Post(in.url+"/mutate", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("status %d: %s", resp.StatusCode, b)
+	}
+	var out admissionv1.AdmissionReview
+	if err := strictJSON(mustRead(t, resp.Body), &out); err != nil {
+		t.Fatalf("answer is not an AdmissionReview: %v", err)
+	}
+	if out.APIVersion != "admission.k8s.io/v1" || out.Kind != "AdmissionReview" || out.Response == nil || out.Response.UID != "3f1c-uid" {
+		t.Fatalf("answer %+v: want a v1 review answering uid 3f1c-uid", out)
+	}
+	return out.Response
+}
+
+func mustRead(t *testing.T, r io.Reader) []byte {
+	t.Helper()
+	b, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// The webhook over HTTPS: a pod that asks is patched (and the patch makes
+// the pod the golden test expects), a bad annotation is denied with its
+// name, a pod that does not ask passes unchanged, and what is not a review
+// is refused.
+func TestWebhookOverHTTPS(t *testing.T) {
+	in := startInjector(t)
+	c := in.client(t)
+
+	_, raw := readPod(t, "plain")
+	resp := in.review(t, c, raw)
+	if !resp.Allowed || resp.PatchType == nil || *resp.PatchType != admissionv1.PatchTypeJSONPatch {
+		t.Fatalf("plain pod: %+v, want allowed with a JSON patch", resp)
+	}
+	p, err := jsonpatch.DecodePatch(resp.Patch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := p.Apply(raw)
+	if err != nil {
+		t.Fatalf("the answer's patch does not apply: %v", err)
+	}
+	var pod corev1.Pod
+	if err := strictJSON(doc, &pod); err != nil {
+		t.Fatal(err)
+	}
+	checkSidecar(t, &pod, find(t, pod.Spec.InitContainers, "handoff"), 9400, 9464, "handoff.yaml")
+
+	_, raw = readPod(t, "bad-annotation")
+	resp = in.review(t, c, raw)
+	if resp.Allowed || resp.Result == nil || !strings.Contains(resp.Result.Message, annMemLimit) || resp.Result.Code != http.StatusUnprocessableEntity {
+		t.Errorf("bad annotation: %+v, want denied naming %s", resp.Result, annMemLimit)
+	}
+
+	_, raw = readPod(t, "not-asking")
+	if resp = in.review(t, c, raw); !resp.Allowed || resp.Patch != nil {
+		t.Errorf("pod not asking: %+v, want allowed unchanged", resp)
+	}
+
+	r, err := c.Post(in.url+"/mutate", "text/plain", strings.NewReader("hello"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Body.Close()
+	if r.StatusCode != http.StatusUnsupportedMediaType {
+		t.Errorf("text/plain: status %d, want 415", r.StatusCode)
+	}
+	r, err = c.Post(in.url+"/mutate", "application/json", strings.NewReader(`{"kind":"AdmissionReview"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Body.Close()
+	if r.StatusCode != http.StatusBadRequest {
+		t.Errorf("a review without a request: status %d, want 400", r.StatusCode)
+	}
+	r, err = c.Get(in.url + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Body.Close()
+	if r.StatusCode != http.StatusOK {
+		t.Errorf("/healthz: status %d", r.StatusCode)
+	}
+}
+
+// A renewed certificate is served once its files change, without a
+// restart: a client that trusts only the new CA gets through, one that
+// trusts only the old one no longer does.
+func TestWebhookReloadsRotatedCertificate(t *testing.T) {
+	in := startInjector(t)
+	old := in.client(t)
+	if _, err := old.Get(in.url + "/healthz"); err != nil {
+		t.Fatalf("before the rotation: %v", err)
+	}
+	// The rotation: a new CA and certificate, written over the old files.
+	if err := writeCerts(in.dir, []string{"localhost"}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	fresh := in.client(t)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := fresh.Get(in.url + "/healthz")
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the new certificate was not served within 10s: %v", err)
+		}
+		// The files' times may equal the old ones within the clock's
+		// step; the next write moves them on.
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := old.Get(in.url + "/healthz"); err == nil {
+		t.Error("the old CA still verifies: the old certificate is still served")
+	}
+	// Half a rotation (a key that does not match the certificate) keeps
+	// the certificate that works.
+	if err := os.WriteFile(filepath.Join(in.dir, "tls.key"), []byte("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fresh.Get(in.url + "/healthz"); err != nil {
+		t.Errorf("a broken key file broke the served certificate: %v", err)
+	}
+}
