@@ -134,12 +134,18 @@ func TestManifestsBuild(t *testing.T) {
 	if w.NamespaceSelector == nil || w.NamespaceSelector.MatchLabels["handoff.dev/injection"] != "enabled" {
 		t.Errorf("namespace selector %+v, want the opt-in label", w.NamespaceSelector)
 	}
+	if w.ObjectSelector == nil || len(w.ObjectSelector.MatchExpressions) != 1 || w.ObjectSelector.MatchExpressions[0].Key != "handoff.dev/injection" {
+		t.Errorf("object selector %+v, want pods labelled out left alone", w.ObjectSelector)
+	}
 	ref := w.ClientConfig.Service
 	if ref == nil || ref.Path == nil || *ref.Path != "/mutate" {
 		t.Fatalf("client config %+v, want the Service's /mutate", w.ClientConfig)
 	}
 	svc := get[*corev1.Service](t, b, "Service/"+ref.Namespace+"/"+ref.Name)
 	dep := get[*appsv1.Deployment](t, b, "Deployment/handoff-system/handoff-injector")
+	if dep.Spec.Template.Labels["handoff.dev/injection"] != "disabled" {
+		t.Error("the injector's own pods are not labelled out of injection")
+	}
 	for k, v := range svc.Spec.Selector {
 		if dep.Spec.Template.Labels[k] != v {
 			t.Errorf("the Service selects %s=%s, which the injector's pods do not carry", k, v)
