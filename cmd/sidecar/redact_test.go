@@ -130,12 +130,14 @@ journal: {path: %q}
 	noSecret(t, "/healthz with a wrong password", healthz, secrets)
 	noSecret(t, "/readyz with a wrong password", readyz, secrets)
 
-	// URLs that do not parse: a '/' and a '#' in the passwords.
+	// URLs that do not parse: a '/' and a '#' in the passwords. What comes
+	// before the '#' reads as host:port, so the password starts with a
+	// letter: a hex one of digits only would read as a port.
 	bad := writeFile(t, fmt.Sprintf(`handler: {url: %q}
 sources:
   - name: secret
     rabbitmq: {url: %q, queue: %q}
-`, strings.Replace(a.url(), "http://", "http://app:"+handlerPass+"/1@", 1), "amqp://"+rabbitUser+":"+rabbitPass+"#1@"+rabbitAt, q))
+`, strings.Replace(a.url(), "http://", "http://app:z"+handlerPass+"/1@", 1), "amqp://"+rabbitUser+":z"+rabbitPass+"#1@"+rabbitAt, q))
 	for _, cmd := range []string{"validate", "run"} {
 		out, err := exec.Command(bin, cmd, "--config", bad).CombinedOutput()
 		if exitCode(err) != 2 || !bytes.Contains(out, []byte("handler.url: not a URL")) || !bytes.Contains(out, []byte("rabbitmq.url: not a URL")) ||

@@ -217,7 +217,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 		checks  []telemetry.Check
 	)
 	for _, sc := range cfg.Sources {
-		src, err := buildSource(sc, policy.Tiers, cfg.DeadLetter.Retention.D(), jr.InstanceID(), log)
+		src, err := buildSource(sc, policy.Tiers, cfg.DeadLetter.Retention.D(), int(cfg.Handler.MaxMessageBytes), jr.InstanceID(), log)
 		if err != nil {
 			for _, b := range sources {
 				b.close()
@@ -292,6 +292,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 		Fault:                 hk.fault,
 		Budget:                retryBudget,
 		TrustProducerDeadline: cfg.Retry.TrustProducerDeadline,
+		MaxMessageBytes:       int(cfg.Handler.MaxMessageBytes),
 		Replayed:              deadLetters.Handled,
 		Observer:              metrics,
 		Tracer:                tr,
@@ -443,13 +444,13 @@ type source struct {
 }
 
 // deadLetterRetention applies to the dead-letter destinations the sidecar
-// creates.
-func buildSource(sc config.Source, tiers []time.Duration, deadLetterRetention time.Duration, journalID string, log *slog.Logger) (source, error) {
+// creates; maxMessageBytes sizes Kafka's copies.
+func buildSource(sc config.Source, tiers []time.Duration, deadLetterRetention time.Duration, maxMessageBytes int, journalID string, log *slog.Logger) (source, error) {
 	switch {
 	case sc.RabbitMQ != nil:
 		return rabbitSource(sc, tiers, deadLetterRetention, log), nil
 	case sc.Kafka != nil:
-		return kafkaSource(sc, tiers, deadLetterRetention, journalID, log)
+		return kafkaSource(sc, tiers, deadLetterRetention, maxMessageBytes, journalID, log)
 	}
 	return source{}, &exitError{code: exitConfig, err: fmt.Errorf("source %q: no broker configured", sc.Name)}
 }

@@ -72,7 +72,7 @@ func rabbitSource(sc config.Source, tiers []time.Duration, deadLetterRetention t
 
 // kafkaSource builds a Kafka source; journalID is the journal's instance id,
 // on which the source's group membership and transactions are built.
-func kafkaSource(sc config.Source, tiers []time.Duration, deadLetterRetention time.Duration, journalID string, log *slog.Logger) (source, error) {
+func kafkaSource(sc config.Source, tiers []time.Duration, deadLetterRetention time.Duration, maxMessageBytes int, journalID string, log *slog.Logger) (source, error) {
 	k := sc.Kafka
 	member := groupInstanceID(sc.Name, k, journalID)
 	o := kafka.Options{
@@ -89,6 +89,7 @@ func kafkaSource(sc config.Source, tiers []time.Duration, deadLetterRetention ti
 		FetchMaxBytes:       int32(k.FetchMaxBytes),
 		SessionTimeout:      k.SessionTimeout.D(),
 		InstanceID:          member,
+		MaxMessageBytes:     maxMessageBytes,
 		Logger:              log,
 	}
 	if k.TransactionalTransfer {

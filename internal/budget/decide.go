@@ -48,6 +48,9 @@ const (
 	// handoff-* headers it cannot read, or a message labelled as a
 	// structured CloudEvent is not one; it is kept, not guessed at.
 	ReasonMalformed Reason = "malformed"
+	// ReasonTooLarge: the message's body is larger than the handler takes
+	// (handler.max_message_bytes); it is kept whole, never handed over.
+	ReasonTooLarge Reason = "too-large"
 )
 
 // Policy is the retry configuration. The zero value is not usable; build it

@@ -34,7 +34,18 @@ type Handler struct {
 	// Batch, when MaxMessages > 1, hands messages over several to a request
 	// in CloudEvents batched mode.
 	Batch Batch `yaml:"batch"`
+	// MaxMessageBytes bounds a message's body: a larger one is never handed
+	// to the app but dead-lettered, reason too-large, with its size.
+	MaxMessageBytes ByteSize `yaml:"max_message_bytes"`
 }
+
+// DefaultMaxMessageBytes is handler.max_message_bytes when it is not set;
+// MaxMaxMessageBytes its largest value (RabbitMQ refuses messages over
+// 512 MiB at any setting).
+const (
+	DefaultMaxMessageBytes = 16 << 20
+	MaxMaxMessageBytes     = 512 << 20
+)
 
 // Batch is batch delivery: a request goes out with MaxMessages messages, or
 // MaxWait after its first one.
@@ -243,7 +254,7 @@ type Shutdown struct {
 func Default() Config {
 	return Config{
 		Handler: Handler{Timeout: Duration(5 * time.Second), MaxConcurrency: 64,
-			Batch: Batch{MaxWait: Duration(5 * time.Millisecond)}},
+			Batch: Batch{MaxWait: Duration(5 * time.Millisecond)}, MaxMessageBytes: DefaultMaxMessageBytes},
 		Retry: Retry{
 			MaxAttempts: 4,
 			Base:        Duration(100 * time.Millisecond),

@@ -131,6 +131,9 @@ func (h *Handler) validate(ps *Problems) {
 	if h.MaxConcurrency < 1 {
 		ps.add("handler.max_concurrency", "must be at least 1")
 	}
+	if h.MaxMessageBytes < 1 || h.MaxMessageBytes > MaxMaxMessageBytes {
+		ps.add("handler.max_message_bytes", "want a size from 1 byte to 512MiB, got %d bytes", int64(h.MaxMessageBytes))
+	}
 	switch b := h.Batch; {
 	case b.MaxMessages < 0 || b.MaxMessages > 10000:
 		ps.add("handler.batch.max_messages", "must be between 0 (off) and 10000, got %d", b.MaxMessages)

@@ -41,6 +41,9 @@ type Options struct {
 	// TrustProducerDeadline lets a message's handoff-deadline header shorten
 	// (never extend) its deadline on its first entry.
 	TrustProducerDeadline bool
+	// MaxMessageBytes bounds a body handed to the app: a larger message is
+	// dead-lettered, reason too-large. Zero means no bound.
+	MaxMessageBytes int
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Replayed, when set, is told that the app handled a replayed copy (its

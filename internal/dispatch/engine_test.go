@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -292,5 +293,43 @@ func TestEventIDOrder(t *testing.T) {
 	c, _ := eventID(&broker.Message{Body: []byte("b"), Headers: broker.Headers{"k": "2"}})
 	if a != b || a == c {
 		t.Errorf("content hash must ignore handoff-* headers and see the others: %s %s %s", a, b, c)
+	}
+}
+
+// A message larger than MaxMessageBytes never reaches the app: it is
+// dead-lettered whole, reason too-large, with its size, and not parsed
+// (this one claims to be a structured event and is not JSON at all). A
+// message of the bound itself is handled.
+func TestTooLargeIsDeadLetteredUnread(t *testing.T) {
+	r := newRig(t, budget.Success)
+	big := r.delivery("big")
+	big.msg.Body = make([]byte, 2049)
+	big.msg.ContentType = "application/cloudevents+json"
+	fits := r.delivery("fits")
+	fits.msg.Body = make([]byte, 2048)
+	e := r.engine(4, big, fits)
+	e.o.MaxMessageBytes = 2048
+	run(t, e, func() bool { return len(r.snapshot()) >= 3 })
+	var dl *event
+	acks := 0
+	for _, ev := range r.snapshot() {
+		switch ev.kind {
+		case "transfer":
+			dl = &ev
+		case "ack":
+			acks++
+		}
+	}
+	if dl == nil || !dl.dest.DeadLetter || dl.trail[broker.HeaderDeadReason] != "too-large" ||
+		!strings.Contains(dl.trail[broker.HeaderError], "2049 bytes") || !strings.Contains(dl.trail[broker.HeaderError], "max_message_bytes (2048)") {
+		t.Fatalf("dead letter %+v, want reason too-large with the size and the bound", dl)
+	}
+	if acks != 2 {
+		t.Errorf("%d acks, want both messages settled", acks)
+	}
+	r.app.mu.Lock()
+	defer r.app.mu.Unlock()
+	if len(r.app.attempts) != 1 {
+		t.Errorf("the app was called %d times, want once (the message that fits)", len(r.app.attempts))
 	}
 }

@@ -107,6 +107,15 @@ func (h *handoff) run(ctx context.Context) {
 		// although the app never answered this publish.
 		return
 	}
+	if max := e.o.MaxMessageBytes; max > 0 && len(h.msg.Body) > max {
+		// Kept whole and never handed over: the app may not be able to
+		// hold it, and a second copy of it here would double the memory
+		// it takes. Like a failure, after resume.
+		h.trail.ErrorClass = string(budget.ReasonTooLarge)
+		h.trail.Error = fmt.Sprintf("message of %d bytes is larger than handler.max_message_bytes (%d)", len(h.msg.Body), max)
+		h.deadLetter(ctx, budget.ReasonTooLarge)
+		return
+	}
 	if h.unreadable != nil {
 		// After resume, like any failure: a redelivery whose copy is
 		// confirmed is settled, not dead-lettered twice.
@@ -122,7 +131,11 @@ func (h *handoff) run(ctx context.Context) {
 // headers cannot be read returns false, with a trail that explains why and a
 // key of its own, so the bad copy never writes into the real event's history.
 func (h *handoff) readTrail() bool {
-	h.unreadable = readEvent(h.msg)
+	if max := h.e.o.MaxMessageBytes; max <= 0 || len(h.msg.Body) <= max {
+		// A body too large to hand over is not parsed either: a structured
+		// event's attributes would be a second copy of it.
+		h.unreadable = readEvent(h.msg)
+	}
 	if h.retry {
 		t, err := broker.ParseTrail(h.msg.Headers)
 		if err == nil && t.Hops == 0 {

@@ -58,6 +58,12 @@ type Options struct {
 	// it settles. It must be unique among the group's members and should
 	// stay the same across a member's restarts.
 	TransactionalID string
+	// MaxMessageBytes is the largest body the sidecar hands to the app
+	// (handler.max_message_bytes), and so the largest a retry copy
+	// carries: the producer's batches and the derived topics are sized for
+	// it. A larger record is dead-lettered through a producer of its own.
+	// Zero means 1 MiB, the brokers' default record bound.
+	MaxMessageBytes int
 	// Extra are further client options (TLS, SASL, tests' timeouts).
 	Extra  []kgo.Opt
 	Logger *slog.Logger
@@ -200,6 +206,7 @@ func New(o Options) (*Client, error) {
 			// Copies of aborted transactions are never seen.
 			kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	}
+	opts = append(opts, sizeOpts(c.copyMax())...)
 	opts = append(opts, o.Extra...)
 	if o.SessionTimeout > 0 {
 		opts = append(opts, kgo.SessionTimeout(o.SessionTimeout))

@@ -39,11 +39,18 @@ func (c *Client) Declare(ctx context.Context) error {
 		return fmt.Errorf("describe derived topics: %w", err)
 	}
 	dlq := DeadLetterTopic(c.o.Topic, c.o.Group)
-	var missing []string
+	sizes := c.copySizes(ctx, adm, dlq)
+	var missing, present []string
 	for _, t := range want {
-		if d, ok := have[t]; !ok || d.Err != nil {
+		d, ok := have[t]
+		if !ok || d.Err != nil {
 			missing = append(missing, t)
-		} else if t == dlq {
+			continue
+		}
+		if t != ledger {
+			present = append(present, t)
+		}
+		if t == dlq {
 			c.checkRetention(ctx, adm, dlq)
 		} else if t == ledger && len(d.Partitions) != 1 {
 			// Records spread over partitions have no one order, and
@@ -51,6 +58,7 @@ func (c *Client) Declare(ctx context.Context) error {
 			return fmt.Errorf("dead-letter ledger topic %s has %d partitions; it needs one: delete it, or create it with one", t, len(d.Partitions))
 		}
 	}
+	c.checkSizes(ctx, adm, present, sizes)
 	if len(missing) == 0 {
 		return nil
 	}
@@ -59,11 +67,14 @@ func (c *Client) Declare(ctx context.Context) error {
 	}
 	var created []string
 	for _, t := range missing {
-		var configs map[string]*string
+		configs := map[string]*string{}
 		// The ledger keeps what the DLQ keeps: a record lives as long as
 		// the dead letter it names. It has one partition: one order.
 		if (t == dlq || t == ledger) && c.o.DeadLetterRetention > 0 {
-			configs = map[string]*string{"retention.ms": kadm.StringPtr(retentionMs(c.o.DeadLetterRetention))}
+			configs["retention.ms"] = kadm.StringPtr(retentionMs(c.o.DeadLetterRetention))
+		}
+		if n, ok := sizes[t]; ok {
+			configs["max.message.bytes"] = kadm.StringPtr(strconv.Itoa(n))
 		}
 		n := partitions
 		if t == ledger {
@@ -85,6 +96,58 @@ func (c *Client) Declare(ctx context.Context) error {
 	}
 	c.log.Info("kafka topics created", "topics", created, "dead_letter_retention", c.o.DeadLetterRetention)
 	return nil
+}
+
+// copySizes is the max.message.bytes each derived topic needs: a retry
+// topic, a copy of up to MaxMessageBytes; the dead-letter topic, also
+// whatever the source topic takes (a too-large record is dead-lettered
+// whole). The ledger's records are small, and it is not listed.
+func (c *Client) copySizes(ctx context.Context, adm *kadm.Client, dlq string) map[string]int {
+	sizes := map[string]int{dlq: c.copyMax()}
+	for t := range c.retry {
+		sizes[t] = c.copyMax()
+	}
+	if src, ok := topicConfig(ctx, adm, c.o.Topic, "max.message.bytes"); ok {
+		if n, err := strconv.Atoi(src); err == nil && n+copySlack > sizes[dlq] {
+			sizes[dlq] = n + copySlack
+		}
+	}
+	return sizes
+}
+
+// checkSizes logs each existing derived topic that takes smaller records
+// than its copies may be: a copy it refuses is published again and again
+// while its record waits. The topic is left as it is (the operator's
+// decision), and the log line says what to set.
+func (c *Client) checkSizes(ctx context.Context, adm *kadm.Client, topics []string, sizes map[string]int) {
+	for _, t := range topics {
+		v, ok := topicConfig(ctx, adm, t, "max.message.bytes")
+		n, err := strconv.Atoi(v)
+		if !ok || err != nil || n >= sizes[t] {
+			continue
+		}
+		c.log.Warn("a derived topic takes smaller records than its copies may be; raise its max.message.bytes",
+			"topic", t, "max_message_bytes", n, "needed", sizes[t])
+	}
+}
+
+// topicConfig reads one config value of topic; ok is false when it cannot
+// be read.
+func topicConfig(ctx context.Context, adm *kadm.Client, topic, key string) (string, bool) {
+	rcs, err := adm.DescribeTopicConfigs(ctx, topic)
+	if err != nil {
+		return "", false
+	}
+	rc, err := rcs.On(topic, nil)
+	if err != nil || rc.Err != nil {
+		return "", false
+	}
+	for _, cfg := range rc.Configs {
+		if cfg.Key == key && cfg.Value != nil {
+			return *cfg.Value, true
+		}
+	}
+	return "", false
 }
 
 // retentionMs is d as a retention.ms value.

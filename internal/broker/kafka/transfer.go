@@ -24,6 +24,13 @@ func (c *Client) Transfer(ctx context.Context, dest broker.Destination, msg *bro
 		}
 	}
 	rec := &kgo.Record{Topic: topic, Key: msg.Key, Value: msg.Body, Headers: copyHeaders(msg, trail)}
+	if n := recordSize(rec); n > c.copyMax() {
+		// Only a dead letter can be larger (too-large): the group's
+		// client is not sized for it, so it goes through a producer of
+		// its own, outside any transaction; its offset is committed
+		// after the confirm, like any settled record's.
+		return c.produceLarge(ctx, rec, n)
+	}
 	if c.txn != nil {
 		src, ok := msg.Native.(*kgo.Record)
 		if !ok {
@@ -68,4 +75,55 @@ func copyHeaders(msg *broker.Message, trail broker.Headers) []kgo.RecordHeader {
 		out = append(out, kgo.RecordHeader{Key: k, Value: []byte(trail[k])})
 	}
 	return out
+}
+
+// copySlack is room for a copy's key, headers and batch framing beside its
+// body.
+const copySlack = 64 << 10
+
+// copyMax is the largest copy the group's client produces: a body of
+// MaxMessageBytes and its framing.
+func (c *Client) copyMax() int {
+	m := c.o.MaxMessageBytes
+	if m <= 0 {
+		m = 1 << 20
+	}
+	return m + copySlack
+}
+
+// sizeOpts sizes a producer for records of up to max bytes. franz-go's
+// default batch bound (about 1 MB) would refuse a larger record before any
+// broker saw it; a request must also fit a broker write.
+func sizeOpts(max int) []kgo.Opt {
+	opts := []kgo.Opt{kgo.ProducerBatchMaxBytes(int32(max))}
+	if w := max + (1 << 20); w > 100<<20 {
+		opts = append(opts, kgo.BrokerMaxWriteBytes(int32(w)))
+	}
+	return opts
+}
+
+// recordSize bounds the bytes rec takes in a batch.
+func recordSize(rec *kgo.Record) int {
+	n := len(rec.Key) + len(rec.Value) + 64
+	for _, h := range rec.Headers {
+		n += len(h.Key) + len(h.Value) + 8
+	}
+	return n
+}
+
+// produceLarge produces rec, of about n bytes, through a client made for
+// it, and closes that client.
+func (c *Client) produceLarge(ctx context.Context, rec *kgo.Record, n int) error {
+	cl, err := kgo.NewClient(append(append([]kgo.Opt{
+		kgo.SeedBrokers(c.o.Brokers...),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+	}, sizeOpts(n+copySlack)...), c.o.Extra...)...)
+	if err != nil {
+		return fmt.Errorf("producer for a record of %d bytes: %w", n, err)
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+		return fmt.Errorf("produce %d bytes to %s: %w", n, rec.Topic, err)
+	}
+	return nil
 }
