@@ -136,3 +136,37 @@ func wantProblem(t *testing.T, err error, prefix string) {
 	}
 	t.Errorf("problems %q, want one starting %q", ps.Error(), prefix)
 }
+
+func TestHandlerMaxMessageBytes(t *testing.T) {
+	tests := []struct {
+		name, value string
+		want        ByteSize
+		problem     string // the problem line's start, "" when it parses
+	}{
+		{name: "default", want: 16 << 20},
+		{name: "with a unit", value: "1MiB", want: 1 << 20},
+		{name: "the most", value: "512MiB", want: 512 << 20},
+		{name: "above the most", value: "513MiB", problem: "handler.max_message_bytes: want a size from 1B to 512MiB, got 513MiB"},
+		{name: "zero", value: "0", problem: "handler.max_message_bytes: want a size from 1B to 512MiB, got 0B"},
+		{name: "no unit known", value: "2G", problem: "handler.max_message_bytes: invalid size \"2G\""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			yaml := validYAML
+			if tt.value != "" {
+				yaml = replace(t, "  max_concurrency: 64\n", "  max_concurrency: 64\n  max_message_bytes: "+tt.value+"\n")
+			}
+			cfg, err := Parse([]byte(yaml))
+			if tt.problem != "" {
+				wantProblem(t, err, tt.problem)
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Handler.MaxMessageBytes != tt.want {
+				t.Errorf("max_message_bytes = %v, want %v", cfg.Handler.MaxMessageBytes, tt.want)
+			}
+		})
+	}
+}

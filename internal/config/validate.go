@@ -132,7 +132,7 @@ func (h *Handler) validate(ps *Problems) {
 		ps.add("handler.max_concurrency", "must be at least 1")
 	}
 	if h.MaxMessageBytes < 1 || h.MaxMessageBytes > MaxMaxMessageBytes {
-		ps.add("handler.max_message_bytes", "want a size from 1 byte to 512MiB, got %d bytes", int64(h.MaxMessageBytes))
+		ps.add("handler.max_message_bytes", "want a size from 1B to 512MiB, got %v", h.MaxMessageBytes)
 	}
 	switch b := h.Batch; {
 	case b.MaxMessages < 0 || b.MaxMessages > 10000:
