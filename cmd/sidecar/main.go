@@ -32,6 +32,11 @@ func (e *exitError) Error() string { return e.err.Error() }
 func (e *exitError) Unwrap() error { return e.err }
 
 func main() {
+	// Under a file size limit (ulimit -f, a container's), a write past it
+	// raises SIGXFSZ, which would kill the process. Ignored, the write
+	// fails with EFBIG, which the journal treats as no room: intake waits
+	// until it can write, and nothing is acked unwritten.
+	signal.Ignore(syscall.SIGXFSZ)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	go func() {
 		<-ctx.Done()

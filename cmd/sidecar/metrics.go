@@ -35,10 +35,16 @@ func observeEngine(m *telemetry.Metrics, engine *dispatch.Engine, dl *deadletter
 		m.Observe("handoff.concurrency.limit", "", "The adaptive bound on calls to the app in flight.", func() []telemetry.Gauge {
 			return one(float64(engine.Status().Limit))
 		}),
-		m.Observe("handoff.intake.paused", "", "1 while a source's fresh intake is paused (app unreachable, overload, budget spent).", func() []telemetry.Gauge {
+		m.Observe("handoff.journal.writable", "", "1 while the journal can be written; 0 while it has no room, and intake waits.", func() []telemetry.Gauge {
+			if engine.Status().JournalFull {
+				return one(0)
+			}
+			return one(1)
+		}),
+		m.Observe("handoff.intake.paused", "", "1 while a source's fresh intake is paused (app unreachable, journal full, overload, budget spent).", func() []telemetry.Gauge {
 			st := engine.Status()
 			paused := 0.0
-			if st.AppUnreachable || st.FreshIntakePaused || time.Now().Before(st.OverloadUntil) {
+			if st.AppUnreachable || st.JournalFull || st.FreshIntakePaused || time.Now().Before(st.OverloadUntil) {
 				paused = 1
 			}
 			var out []telemetry.Gauge

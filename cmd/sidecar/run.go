@@ -304,7 +304,9 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 	if err := drains.observe(metrics); err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
-	checks = append(checks, telemetry.Check{Name: "app", Ready: engine.Ready})
+	checks = append(checks, telemetry.Check{Name: "app", Ready: engine.Ready},
+		// No room for the journal: intake waits, and says why.
+		telemetry.Check{Name: "journal", Ready: jr.NoRoom})
 
 	// The parts run in one group: the first to fail cancels run, which
 	// stops intake as a signal would, and every part is joined before the

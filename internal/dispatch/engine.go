@@ -79,10 +79,12 @@ type Engine struct {
 	// answer with Retry-After.
 	overloadUntil atomic.Int64
 	gate          *gate
-	keys          *keyLocks
-	order         *sequencer
-	workers       sync.WaitGroup
-	open          map[string]*openSet // by route: deliveries taken, for Status
+	// jgate holds intake while the journal cannot be written (no room).
+	jgate   *gate
+	keys    *keyLocks
+	order   *sequencer
+	workers sync.WaitGroup
+	open    map[string]*openSet // by route: deliveries taken, for Status
 
 	fatalMu    sync.Mutex
 	fatal      error
@@ -107,7 +109,8 @@ func New(o Options) *Engine {
 		limiter: budget.NewLimiter(o.MaxConcurrency),
 		intakes: budget.NewIntake(max(o.MaxConcurrency, freshFailThreshold)),
 		fresh:   newFreshGate(o.Logger),
-		gate:    newGate(o.Handler.Probe, o.Logger),
+		gate:    newGate(o.Handler.Probe, o.Logger, "app unreachable", "app reachable again"),
+		jgate:   newGate(o.Journal.Probe, o.Logger, "journal cannot be written", "journal writable again"),
 		keys:    newKeyLocks(),
 		order:   newSequencer(),
 		open:    openSets(o.Routes),
@@ -131,6 +134,14 @@ func (e *Engine) Ready() error {
 		return errors.New("app unreachable")
 	}
 	return nil
+}
+
+// journalCannotWrite holds intake and calls until the journal can be
+// written again: a hand-off whose record could not be written is handed
+// back, never acked, and more calls would only give the app work whose
+// answers cannot be kept.
+func (e *Engine) journalCannotWrite(ctx context.Context) {
+	e.jgate.hold(ctx)
 }
 
 // Run consumes every route until ctx is done. Then it stops intake, lets
@@ -191,6 +202,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 	cancelWork()
 	e.gate.close()
+	e.jgate.close()
 	e.fresh.close()
 	if err := e.fatalErr(); err != nil {
 		return err
@@ -231,7 +243,7 @@ func (e *Engine) fatalErr() error {
 // prefetch; the calls to the app among them by the adaptive limit (see
 // handoff.acquire).
 func (e *Engine) admit(intake, work context.Context, r *Route, d broker.Delivery) {
-	if e.gate.wait(intake) != nil {
+	if e.gate.wait(intake) != nil || e.jgate.wait(intake) != nil {
 		e.handBack(d)
 		return
 	}

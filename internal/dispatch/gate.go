@@ -7,13 +7,16 @@ import (
 	"time"
 )
 
-// gate holds intake and calls while the app is unreachable. While held, a
-// prober dials the app with backoff and opens the gate when it answers.
-// It is safe for concurrent use.
+// gate holds intake and calls while something they need is away: the app
+// unreachable, the journal unwritable. While held, a prober tries it with
+// backoff and opens the gate when it answers. It is safe for concurrent use.
 type gate struct {
 	probe    func(context.Context) error
 	log      *slog.Logger
 	min, max time.Duration
+	// what is away, for the log: "app unreachable", "journal cannot be
+	// written"; and what it is once back.
+	away, back string
 
 	mu     sync.Mutex
 	opened chan struct{} // closed while the gate is open
@@ -21,8 +24,8 @@ type gate struct {
 	wg     sync.WaitGroup
 }
 
-func newGate(probe func(context.Context) error, log *slog.Logger) *gate {
-	g := &gate{probe: probe, log: log, min: 50 * time.Millisecond, max: 5 * time.Second, opened: make(chan struct{})}
+func newGate(probe func(context.Context) error, log *slog.Logger, away, back string) *gate {
+	g := &gate{probe: probe, log: log, min: 50 * time.Millisecond, max: 5 * time.Second, opened: make(chan struct{}), away: away, back: back}
 	close(g.opened)
 	return g
 }
@@ -61,7 +64,7 @@ func (g *gate) hold(ctx context.Context) {
 	}
 	g.held = true
 	g.opened = make(chan struct{})
-	g.log.Warn("app unreachable: intake paused, probing")
+	g.log.Warn(g.away + ": intake paused, probing")
 	g.wg.Add(1)
 	go g.run(ctx)
 }
@@ -84,7 +87,7 @@ func (g *gate) run(ctx context.Context) {
 			g.held = false
 			close(g.opened)
 			g.mu.Unlock()
-			g.log.Info("app reachable again: intake resumed", "held_for", time.Since(start).Round(time.Millisecond))
+			g.log.Info(g.back+": intake resumed", "held_for", time.Since(start).Round(time.Millisecond))
 			return
 		}
 		backoff = min(backoff*2, g.max)

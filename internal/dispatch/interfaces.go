@@ -59,6 +59,9 @@ type Journal interface {
 	// AppendAsync queues recs without waiting: for records whose loss in a
 	// crash costs a line of history, never a message.
 	AppendAsync(k journal.Key, recs ...journal.Record)
+	// Probe commits nothing and says whether the journal can be written:
+	// after journal.ErrNoRoom, nil means it can again.
+	Probe(ctx context.Context) error
 }
 
 // Route is one configured source: its intakes (the source itself and the

@@ -55,7 +55,7 @@ func (a *scriptApp) count() int {
 func (r *rig) engineWith(app Deliverer, o func(*Options), ds ...broker.Delivery) *Engine {
 	e := r.engine(32, ds...)
 	e.o.Handler = app
-	e.gate = newGate(app.Probe, e.log)
+	e.gate = newGate(app.Probe, e.log, "app unreachable", "app reachable again")
 	if o != nil {
 		o(&e.o)
 	}

@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -103,6 +104,12 @@ func (h *handoff) journal(ctx context.Context, recs ...journal.Record) bool {
 	case err == nil:
 		return true
 	case ctx.Err() != nil:
+		h.handBack()
+	case errors.Is(err, journal.ErrNoRoom):
+		// Nothing of it was written: the delivery goes back unsettled,
+		// and intake waits until the journal can be written.
+		h.logger().Warn("journal cannot be written; handing the delivery back", "err", err)
+		h.e.journalCannotWrite(ctx)
 		h.handBack()
 	default:
 		h.e.fail(fmt.Errorf("journal: %w", err))

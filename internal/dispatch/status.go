@@ -18,6 +18,8 @@ type Status struct {
 	FreshIntakePaused bool
 	// AppUnreachable: the app refuses connections; intake and calls wait.
 	AppUnreachable bool
+	// JournalFull: the journal cannot be written (no room); intake waits.
+	JournalFull bool
 	// OverloadUntil is when the app's last Retry-After ends, when it is
 	// still ahead; zero otherwise.
 	OverloadUntil time.Time
@@ -50,6 +52,7 @@ func (e *Engine) Status() Status {
 		Queued:            e.limiter.Queued(),
 		FreshIntakePaused: e.intakes.Paused(),
 		AppUnreachable:    e.gate.isHeld(),
+		JournalFull:       e.jgate.isHeld(),
 	}
 	if until := time.Unix(0, e.overloadUntil.Load()); e.overloadUntil.Load() != 0 && until.After(e.now()) {
 		st.OverloadUntil = until

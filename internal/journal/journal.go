@@ -10,6 +10,7 @@ import (
 	"os"
 	"runtime/debug"
 	"sync"
+	"syscall"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -106,7 +107,19 @@ var (
 	ErrClosed = errors.New("journal: closed")
 	// ErrLocked is returned by Open when another process holds the file.
 	ErrLocked = errors.New("journal: file is locked by another process")
+	// ErrNoRoom wraps a commit that failed because the file cannot grow or
+	// be written: its disk is full, over a quota or a size limit, or
+	// read-only. Unlike other failed commits it does not end the journal:
+	// nothing of the failed batch landed, and later commits are tried.
+	ErrNoRoom = errors.New("journal: no room to write")
 )
+
+// noRoom reports whether err is a failed write for want of room, which
+// freeing space (or remounting read-write) cures.
+func noRoom(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) ||
+		errors.Is(err, syscall.EFBIG) || errors.Is(err, syscall.EROFS)
+}
 
 // CorruptError is returned by Open when the file cannot be read as a
 // journal. The file is left as it is.
@@ -135,6 +148,7 @@ var (
 	bucketExpiry  = []byte("expiry")  // settled-at ‖ id → nothing: the retention index
 	bucketMeta    = []byte("meta")
 	metaFormat    = []byte("format")
+	metaProbe     = []byte("probe") // the latest Probe's time
 )
 
 // formatVersion is the layout above. Format 1 keyed records by key ‖ seq in
@@ -158,6 +172,9 @@ type Journal struct {
 
 	failMu sync.Mutex
 	failed error // a failed commit: the journal accepts nothing more
+	// full is the latest commit's failure for want of room, nil once a
+	// commit succeeds again (see NoRoom).
+	full error
 
 	ids *idCache // see idCache: only write transactions use it
 	// recent holds the keys not yet merged into the ids bucket (recent.go).
@@ -184,6 +201,9 @@ type request struct {
 	key  []byte
 	recs []Record
 	done chan error // nil: nobody waits
+	// probe is a request that writes no records: its commit only says
+	// whether the journal can be written (Probe).
+	probe bool
 }
 
 // Open opens (creating if needed) the journal at path, checks it, and reports
@@ -340,6 +360,30 @@ func (j *Journal) enqueue(ctx context.Context, req *request) error {
 	}
 }
 
+// NoRoom is the latest commit's failure for want of room (ErrNoRoom), or
+// nil when the latest commit succeeded: what a readiness check reports.
+func (j *Journal) NoRoom() error {
+	j.failMu.Lock()
+	defer j.failMu.Unlock()
+	return j.full
+}
+
+// Probe commits a transaction that writes no record, through the writer
+// like every commit, and returns its error: after ErrNoRoom, nil says the
+// journal can be written again.
+func (j *Journal) Probe(ctx context.Context) error {
+	req := &request{probe: true, done: make(chan error, 1)}
+	if err := j.enqueue(ctx, req); err != nil {
+		return err
+	}
+	select {
+	case err := <-req.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 func (j *Journal) failure() error {
 	j.failMu.Lock()
 	defer j.failMu.Unlock()
@@ -385,13 +429,31 @@ func (j *Journal) writer() {
 				default:
 				}
 			}
-			if err != nil {
+			switch {
+			case err != nil && noRoom(err):
+				// Nothing of the batch landed: its waiters hear so, and
+				// the next batch is tried, not refused.
+				err = fmt.Errorf("%w: %s: %w", ErrNoRoom, j.path, err)
+				j.failMu.Lock()
+				if j.full == nil {
+					j.log.Error("journal cannot be written: no room; hand-offs wait until it can", "path", j.path, "err", err)
+				}
+				j.full = err
+				j.failMu.Unlock()
+			case err != nil:
 				j.failMu.Lock()
 				if j.failed == nil {
 					j.failed = fmt.Errorf("journal %s: commit failed: %w", j.path, err)
 					j.log.Error("journal commit failed; the journal accepts no more records", "path", j.path, "err", err)
 				}
 				err = j.failed
+				j.failMu.Unlock()
+			default:
+				j.failMu.Lock()
+				if j.full != nil {
+					j.log.Info("journal writable again", "path", j.path)
+					j.full = nil
+				}
 				j.failMu.Unlock()
 			}
 		}
@@ -504,6 +566,13 @@ func (j *Journal) write(tx *bolt.Tx, batch []*request) (int, error) {
 	slab := make([]byte, 0, size)
 	n := 0
 	for _, r := range batch {
+		if r.probe {
+			// A page written and synced like any record's.
+			if err := tx.Bucket(bucketMeta).Put(metaProbe, appendTime(nil, now)); err != nil {
+				return n, err
+			}
+			continue
+		}
 		id, err := ids.id(r.key)
 		if err != nil {
 			return n, err

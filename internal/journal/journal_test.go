@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -491,5 +493,77 @@ func TestLingerOnlyUnderLoad(t *testing.T) {
 	}
 	if took := time.Since(start); took >= 2*time.Second {
 		t.Fatalf("5 appends one after another took %v: they lingered", took)
+	}
+}
+
+// A commit that fails for want of room (the disk full, a size limit, a
+// read-only mount) fails its batch and only it: nothing of it lands, the
+// journal says why until a commit succeeds again, and later commits are
+// tried. Any other failed commit ends the journal, as before.
+func TestNoRoomIsNotTheEnd(t *testing.T) {
+	var full atomic.Bool
+	type failure struct{ err error }
+	var fail atomic.Value // the failure to fail commits with, while full
+	j, _ := openJournal(t, newPath(t), Options{BeforeCommit: func(int) error {
+		if full.Load() {
+			return fail.Load().(failure).err
+		}
+		return nil
+	}})
+	ctx := context.Background()
+	a, b := Key{Source: "s", EventID: "a"}, Key{Source: "s", EventID: "b"}
+	appendOK(t, j, a, Record{Kind: Received})
+	if j.NoRoom() != nil {
+		t.Fatalf("NoRoom before any failure: %v", j.NoRoom())
+	}
+	for _, errno := range []error{syscall.ENOSPC, syscall.EDQUOT, syscall.EFBIG, syscall.EROFS} {
+		full.Store(true)
+		fail.Store(failure{&os.PathError{Op: "write", Path: "journal.db", Err: errno}})
+		err := j.Append(ctx, b, Record{Kind: Received})
+		if !errors.Is(err, ErrNoRoom) || !errors.Is(err, errno) {
+			t.Fatalf("%v: Append = %v, want ErrNoRoom wrapping it", errno, err)
+		}
+		if err := j.NoRoom(); !errors.Is(err, ErrNoRoom) {
+			t.Errorf("%v: NoRoom = %v", errno, err)
+		}
+		if err := j.Probe(ctx); !errors.Is(err, ErrNoRoom) {
+			t.Errorf("%v: Probe while full = %v", errno, err)
+		}
+		full.Store(false)
+		if err := j.Probe(ctx); err != nil {
+			t.Fatalf("%v: Probe with room again = %v", errno, err)
+		}
+		if err := j.NoRoom(); err != nil {
+			t.Errorf("%v: NoRoom after a commit succeeded = %v", errno, err)
+		}
+	}
+	state := func(t *testing.T, j *Journal, k Key) State {
+		t.Helper()
+		st, err := j.State(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	if st := state(t, j, b); st.Found {
+		t.Errorf("records of failed batches landed: %+v", st)
+	}
+	appendOK(t, j, b, Record{Kind: Received}, Record{Kind: Attempt, Attempt: 1})
+	if st := state(t, j, b); st.Attempts != 1 {
+		t.Errorf("after room came back: %+v", st)
+	}
+	if st := state(t, j, a); !st.Found {
+		t.Error("a record written before the failures is gone")
+	}
+
+	// Another error is the end, as it always was.
+	full.Store(true)
+	fail.Store(failure{errors.New("bad page")})
+	if err := j.Append(ctx, b, Record{Kind: Settled}); err == nil || errors.Is(err, ErrNoRoom) {
+		t.Fatalf("Append = %v, want the commit's failure", err)
+	}
+	full.Store(false)
+	if err := j.Append(ctx, b, Record{Kind: Settled}); err == nil {
+		t.Error("a journal whose commit failed accepted more")
 	}
 }
