@@ -64,7 +64,7 @@ func (c *Client) RetryLag(ctx context.Context) ([]TierLag, error) {
 			failed = fmt.Errorf("end offset of %s[%d]: %w", end.Topic, end.Partition, end.Err)
 			return
 		}
-		out[i].Lag += partitionLag(end, committed, starts)
+		out[i].Lag += partitionLag(end, committed, starts, -1)
 	})
 	if failed != nil {
 		return nil, failed
@@ -72,9 +72,10 @@ func (c *Client) RetryLag(ctx context.Context) ([]TierLag, error) {
 	return out, nil
 }
 
-// Backlog reads the group's lag on the source topic (the records past its
-// committed offsets, over every partition) and the sum of the topic's end
-// offsets: what was ever produced to it, whose growth is the arrival rate.
+// Backlog reads the source topic's backlog — the records past the group's
+// committed offsets, over every partition, less those this member settled
+// since its latest commit — and the sum of the topic's end offsets: what
+// was ever produced to it, whose growth is the arrival rate.
 func (c *Client) Backlog(ctx context.Context) (lag, produced int64, err error) {
 	adm := kadm.NewClient(c.cl)
 	committed, err := adm.FetchOffsets(ctx, c.o.Group)
@@ -99,18 +100,35 @@ func (c *Client) Backlog(ctx context.Context) (lag, produced int64, err error) {
 			return
 		}
 		produced += end.Offset
-		lag += partitionLag(end, committed, starts)
+		lag += partitionLag(end, committed, starts, c.settledUpTo(end.Topic, end.Partition))
 	})
 	return lag, produced, failed
 }
 
+// settledUpTo is the offset before which this member has settled every
+// record of the partition, when it owns it and has handed records out;
+// else -1. Records settled and not yet committed (a commit goes out every
+// commit interval) are no backlog, though the group's lag counts them.
+func (c *Client) settledUpTo(topic string, p int32) int64 {
+	st := c.partition(topic, p)
+	if st == nil {
+		return -1
+	}
+	if next, _, ok := st.wm.peek(nil); ok {
+		return next
+	}
+	return -1
+}
+
 // partitionLag is how many records of end's partition are past the group's
-// committed offset, or past the log's start when the group has none.
-func partitionLag(end kadm.ListedOffset, committed kadm.OffsetResponses, starts kadm.ListedOffsets) int64 {
+// committed offset, or past the log's start when the group has none, or
+// past settled, this member's own settled offset, when that is later.
+func partitionLag(end kadm.ListedOffset, committed kadm.OffsetResponses, starts kadm.ListedOffsets, settled int64) int64 {
 	from := int64(-1)
 	if o, ok := committed.Lookup(end.Topic, end.Partition); ok && o.Err == nil {
 		from = o.At
 	}
+	from = max(from, settled)
 	if from < 0 {
 		if s, ok := starts.Lookup(end.Topic, end.Partition); ok && s.Err == nil {
 			from = s.Offset
