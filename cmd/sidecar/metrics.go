@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"runtime"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -34,6 +35,9 @@ func observeEngine(m *telemetry.Metrics, engine *dispatch.Engine, dl *deadletter
 		}),
 		m.Observe("handoff.concurrency.limit", "", "The adaptive bound on calls to the app in flight.", func() []telemetry.Gauge {
 			return one(float64(engine.Status().Limit))
+		}),
+		m.Observe("handoff.goroutines", "", "Goroutines in the sidecar process: flat under steady load, whatever ran before.", func() []telemetry.Gauge {
+			return one(float64(runtime.NumGoroutine()))
 		}),
 		m.Observe("handoff.journal.writable", "", "1 while the journal can be written; 0 while it has no room, and intake waits.", func() []telemetry.Gauge {
 			if engine.Status().JournalFull {
