@@ -139,7 +139,7 @@ func soak(t *testing.T, d time.Duration, target soakTarget) {
 	bin := sidecarBinary(t)
 	var mu sync.Mutex
 	succeeded := map[string]bool{}
-	again := 0 // calls after a success
+	again, unflagged := 0, 0 // calls after a success, and those not flagged redelivered
 	// An app that keeps no record of its calls but the ids it handled: the
 	// test apps' call log, scanned on every call, would be what slows down
 	// over ten minutes.
@@ -154,6 +154,9 @@ func soak(t *testing.T, d time.Duration, target soakTarget) {
 		defer mu.Unlock()
 		if succeeded[id] {
 			again++
+			if r.Header.Get("Handoff-Redelivered") != "true" {
+				unflagged++
+			}
 		}
 		switch soakKind(id) {
 		case "poison":
@@ -299,7 +302,7 @@ journal: {path: %q, max_size: 8MiB}
 			dupDLQ += dead[id] - 1
 		}
 	}
-	repeats := again
+	repeats, repeatsUnflagged := again, unflagged
 	mu.Unlock()
 
 	var b strings.Builder
@@ -307,8 +310,11 @@ journal: {path: %q, max_size: 8MiB}
 	for _, s := range series {
 		fmt.Fprintf(&b, "%8v %8.1f %10d %10.1f %8d %8d\n", s.at, s.rssMB, s.goroutines, s.journalMB, s.handled, s.arrived)
 	}
-	t.Logf("%v, %d messages, %d SIGKILLs, %d connection kills: lost=%d, dead-lettered=%d (poison), good ones dead-lettered=%d, duplicate DLQ copies=%d, app calls after a success=%d\n%s",
-		d, total, kills, chaos, lost, len(dead), wrongDLQ, dupDLQ, repeats, b.String())
+	t.Logf("%v, %d messages, %d SIGKILLs, %d connection kills: lost=%d, dead-lettered=%d (poison), good ones dead-lettered=%d, duplicate DLQ copies=%d, app calls after a success=%d (not flagged redelivered: %d)\n%s",
+		d, total, kills, chaos, lost, len(dead), wrongDLQ, dupDLQ, repeats, repeatsUnflagged, b.String())
+	if repeatsUnflagged != 0 {
+		t.Errorf("%d calls after a success did not say Handoff-Redelivered: true", repeatsUnflagged)
+	}
 	if lost != 0 || wrongDLQ != 0 || dupDLQ != 0 {
 		t.Errorf("lost %d, good ones dead-lettered %d, duplicate DLQ copies %d: want 0 each", lost, wrongDLQ, dupDLQ)
 	}
