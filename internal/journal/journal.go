@@ -325,7 +325,11 @@ func (j *Journal) Path() string { return j.path }
 // Append writes recs for k and returns once they are durable (as Sync
 // defines it). The records of one call commit together or not at all.
 func (j *Journal) Append(ctx context.Context, k Key, recs ...Record) error {
-	req := &request{key: k.encode(nil), recs: recs, done: make(chan error, 1)}
+	return j.await(ctx, &request{key: k.encode(nil), recs: recs, done: make(chan error, 1)})
+}
+
+// await queues req and waits for its commit.
+func (j *Journal) await(ctx context.Context, req *request) error {
 	if err := j.enqueue(ctx, req); err != nil {
 		return err
 	}
@@ -372,16 +376,7 @@ func (j *Journal) NoRoom() error {
 // like every commit, and returns its error: after ErrNoRoom, nil says the
 // journal can be written again.
 func (j *Journal) Probe(ctx context.Context) error {
-	req := &request{probe: true, done: make(chan error, 1)}
-	if err := j.enqueue(ctx, req); err != nil {
-		return err
-	}
-	select {
-	case err := <-req.done:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return j.await(ctx, &request{probe: true, done: make(chan error, 1)})
 }
 
 func (j *Journal) failure() error {

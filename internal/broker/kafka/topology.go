@@ -161,20 +161,9 @@ func (c *Client) checkRetention(ctx context.Context, adm *kadm.Client, topic str
 	if c.o.DeadLetterRetention <= 0 {
 		return
 	}
-	rcs, err := adm.DescribeTopicConfigs(ctx, topic)
-	if err != nil {
-		c.log.Debug("describe dead-letter topic config", "topic", topic, "err", err)
-		return
-	}
-	rc, err := rcs.On(topic, nil)
-	if err != nil || rc.Err != nil {
-		return
-	}
-	want := retentionMs(c.o.DeadLetterRetention)
-	for _, cfg := range rc.Configs {
-		if cfg.Key == "retention.ms" && cfg.Value != nil && *cfg.Value != want {
-			c.log.Warn("the dead-letter topic's retention differs from deadletter.retention; it is left as it is",
-				"topic", topic, "retention_ms", *cfg.Value, "configured_ms", want)
-		}
+	v, ok := topicConfig(ctx, adm, topic, "retention.ms")
+	if want := retentionMs(c.o.DeadLetterRetention); ok && v != want {
+		c.log.Warn("the dead-letter topic's retention differs from deadletter.retention; it is left as it is",
+			"topic", topic, "retention_ms", v, "configured_ms", want)
 	}
 }
