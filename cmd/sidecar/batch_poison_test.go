@@ -161,13 +161,17 @@ func TestRabbitBatchPoisonAloneDeadLettered(t *testing.T) {
 			a := newPoisonBatchApp(t, poison...)
 			cfg := testConfig(a.url(), q, batchPoisonTier)
 			batchPoisonConfig(&cfg)
-			s := startSidecar(t, cfg)
 
+			// Published before the sidecar starts: the prefetch fills at
+			// once and batches are full, so adjacent messages share one.
+			// Published while it runs, on a loaded machine they may trickle
+			// in and flush apart.
 			var msgs []publishing
 			for _, id := range ids {
 				msgs = append(msgs, publishing{MessageId: id, ContentType: "application/json", Body: []byte(`{"n":"` + id + `"}`)})
 			}
 			publish(t, conn, q, msgs...)
+			s := startSidecar(t, cfg)
 			dlq := rabbitmq.DeadLetterQueue(q)
 			waitFor(t, 30*time.Second, "every message handled and the poison dead-lettered", func() bool {
 				return a.handledAll(ids) && len(readStream(t, conn, dlq)) == len(poison)
