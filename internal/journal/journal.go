@@ -10,7 +10,6 @@ import (
 	"os"
 	"runtime/debug"
 	"sync"
-	"syscall"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -113,13 +112,6 @@ var (
 	// nothing of the failed batch landed, and later commits are tried.
 	ErrNoRoom = errors.New("journal: no room to write")
 )
-
-// noRoom reports whether err is a failed write for want of room, which
-// freeing space (or remounting read-write) cures.
-func noRoom(err error) bool {
-	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) ||
-		errors.Is(err, syscall.EFBIG) || errors.Is(err, syscall.EROFS)
-}
 
 // CorruptError is returned by Open when the file cannot be read as a
 // journal. The file is left as it is.
@@ -362,21 +354,6 @@ func (j *Journal) enqueue(ctx context.Context, req *request) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-}
-
-// NoRoom is the latest commit's failure for want of room (ErrNoRoom), or
-// nil when the latest commit succeeded: what a readiness check reports.
-func (j *Journal) NoRoom() error {
-	j.failMu.Lock()
-	defer j.failMu.Unlock()
-	return j.full
-}
-
-// Probe commits a transaction that writes no record, through the writer
-// like every commit, and returns its error: after ErrNoRoom, nil says the
-// journal can be written again.
-func (j *Journal) Probe(ctx context.Context) error {
-	return j.await(ctx, &request{probe: true, done: make(chan error, 1)})
 }
 
 func (j *Journal) failure() error {
