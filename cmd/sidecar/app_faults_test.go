@@ -18,8 +18,9 @@ import (
 // rawApp is an app that speaks raw TCP: it reads each request (headers and
 // Content-Length bytes of body, or as much of it as answer says) and writes
 // whatever answer returns, then closes the connection when answer says so.
-// It records the ce-id and Handoff-Redelivered of every request it read
-// the headers of.
+// An empty answer that does not close hangs until the caller closes. It
+// records the ce-id and Handoff-Redelivered of every request it read the
+// headers of.
 type rawApp struct {
 	ln     net.Listener
 	answer func(id string, n int) (reply string, readBody, closeAfter bool)
@@ -71,6 +72,11 @@ func (a *rawApp) serve(c net.Conn) {
 		if reply != "" {
 			_, _ = io.WriteString(c, reply)
 		}
+		if reply == "" && !closeAfter {
+			// Hanging: read until the caller gives up and closes.
+			_, _ = io.Copy(io.Discard, r)
+			return
+		}
 		if closeAfter {
 			return
 		}
@@ -104,8 +110,7 @@ func TestAppFaults(t *testing.T) {
 		}
 		switch id {
 		case "hang":
-			time.Sleep(1500 * time.Millisecond) // past handler.timeout
-			return rawOK, true, false
+			return "", true, false // no answer until the sidecar gives up (below)
 		case "mid-body":
 			return "", false, true // reads 10 bytes of the body, then closes
 		}
@@ -145,8 +150,8 @@ func TestAppFaults(t *testing.T) {
 	}
 }
 
-// TestAppFlapping: an app that goes away and comes back, again and again,
-// while messages flow. A call that cannot connect never reached the app:
+// TestAppFlapping: an app that goes away and comes back, four times, while
+// messages flow, each time away until the sidecar has found it gone. A call that cannot connect never reached the app:
 // it burns no attempt, and the delivery waits for the app. Every message
 // is handled once its app is back, and none is dead-lettered, though the
 // app was down longer than max_attempts calls would last.
@@ -172,7 +177,7 @@ func TestAppFlapping(t *testing.T) {
 	q := testQueue(t, conn, []time.Duration{tier})
 	cfg := testConfig("http://"+addr+"/events", q, tier)
 	cfg.Retry.MaxAttempts = 2
-	startSidecar(t, cfg)
+	s := startSidecar(t, cfg)
 
 	const n = 60
 	stop := make(chan struct{})
@@ -188,11 +193,20 @@ func TestAppFlapping(t *testing.T) {
 			}
 		}
 	}()
-	// Down and up four times while the messages arrive.
-	for range 4 {
-		time.Sleep(250 * time.Millisecond)
+	count := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(seen)
+	}
+	// Down and up four times while the messages arrive: up until a few
+	// more are handled, down until the sidecar has found the app gone.
+	for i := range 4 {
+		waitFor(t, 10*time.Second, "a few messages handled", func() bool { return count() >= 5*(i+1) })
 		_ = srv.Close()
-		time.Sleep(400 * time.Millisecond)
+		waitFor(t, 10*time.Second, "the sidecar to find the app unreachable", func() bool {
+			_, readyz := healthBodies(t, s.health)
+			return strings.Contains(readyz, "app unreachable")
+		})
 		ln, err = net.Listen("tcp", addr)
 		if err != nil {
 			close(stop)
@@ -204,9 +218,7 @@ func TestAppFlapping(t *testing.T) {
 	<-published
 	t.Cleanup(func() { _ = srv.Close() })
 	waitFor(t, 30*time.Second, "every message handled", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(seen) == n && depth(t, conn, q) == 0
+		return count() == n && depth(t, conn, q) == 0
 	})
 	if d := len(readStream(t, conn, rabbitmq.DeadLetterQueue(q))); d != 0 {
 		t.Errorf("%d dead letters from an app that was only away, want none", d)

@@ -220,10 +220,11 @@ func TestHTTPDrainWaitsForInFlight(t *testing.T) {
 	conn := dialRabbit(t)
 	q := testQueue(t, conn, []time.Duration{time.Second})
 	started := make(chan struct{}, 16)
+	release := make(chan struct{}) // the calls in flight finish once the drain is asked for
 	var finished atomic.Int32
 	a := newApp(t, func(w http.ResponseWriter, _ call, _ []call) {
 		started <- struct{}{}
-		time.Sleep(700 * time.Millisecond)
+		<-release
 		finished.Add(1)
 		w.WriteHeader(http.StatusOK)
 	})
@@ -249,10 +250,27 @@ journal: {path: %q}
 			t.Fatalf("no calls started; sidecar log:\n%s", r.log.String())
 		}
 	}
-	resp, err := (&http.Client{Timeout: 15 * time.Second}).Get("http://" + r.health + "/drain")
-	if err != nil {
-		t.Fatalf("GET /drain: %v; log:\n%s", err, r.log.String())
+	type answer struct {
+		resp *http.Response
+		err  error
 	}
+	answered := make(chan answer, 1)
+	go func() {
+		resp, err := (&http.Client{Timeout: 15 * time.Second}).Get("http://" + r.health + "/drain")
+		answered <- answer{resp, err}
+	}()
+	waitFor(t, 10*time.Second, "the drain asked for", func() bool { return strings.Contains(r.log.String(), "drain requested") })
+	select {
+	case <-answered:
+		t.Fatal("/drain answered with both calls still in flight")
+	default:
+	}
+	close(release)
+	ans := <-answered
+	if ans.err != nil {
+		t.Fatalf("GET /drain: %v; log:\n%s", ans.err, r.log.String())
+	}
+	resp := ans.resp
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	answeredAfter := finished.Load()
