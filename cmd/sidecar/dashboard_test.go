@@ -221,7 +221,7 @@ func TestDashboardMetricsAreExported(t *testing.T) {
 	produceKafka(t, brokers, recs...)
 	// Not the open dead letters: their gauges are there from the start, and
 	// the index they are read from catches up on its own schedule.
-	waitFor(t, 20*time.Second, "the handled, retried and dead-lettered messages, and a backlog estimate", func() bool {
+	waitFor(t, 60*time.Second, "the handled, retried and dead-lettered messages, and a backlog estimate", func() bool {
 		f := scrape(t, s.health)
 		return sample(f, "handoff_outcomes_total", map[string]string{"outcome": "success"}) == 2 &&
 			sample(f, "handoff_deadletters_total", nil) == 1 &&

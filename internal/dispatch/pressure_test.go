@@ -236,7 +236,9 @@ func TestQueuedWalksHandedBackTakeNoSlot(t *testing.T) {
 	r := newRig(t)
 	app := newScriptApp(handler.Result{Outcome: budget.Success}, 100*time.Millisecond)
 	first, second, third := r.delivery("first"), r.delivery("second"), r.delivery("third")
-	e := r.engineWith(app, func(o *Options) { o.MaxConcurrency = 1 }, first, second, third)
+	// A drain long enough for the call in flight on a loaded machine: the
+	// queued walks are handed back when intake stops, not when it ends.
+	e := r.engineWith(app, func(o *Options) { o.MaxConcurrency, o.DrainTimeout = 1, 10*time.Second }, first, second, third)
 	e.limiter = budget.NewLimiter(1)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
