@@ -450,7 +450,7 @@ type source struct {
 func buildSource(sc config.Source, tiers []time.Duration, deadLetterRetention time.Duration, maxMessageBytes int, journalID string, log *slog.Logger) (source, error) {
 	switch {
 	case sc.RabbitMQ != nil:
-		return rabbitSource(sc, tiers, deadLetterRetention, log), nil
+		return rabbitSource(sc, tiers, deadLetterRetention, log)
 	case sc.Kafka != nil:
 		return kafkaSource(sc, tiers, deadLetterRetention, maxMessageBytes, journalID, log)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -26,8 +27,15 @@ var (
 	_ dispatch.RetryHolder = (*kafka.Client)(nil)
 )
 
-func rabbitSource(sc config.Source, tiers []time.Duration, deadLetterRetention time.Duration, log *slog.Logger) source {
+func rabbitSource(sc config.Source, tiers []time.Duration, deadLetterRetention time.Duration, log *slog.Logger) (source, error) {
 	r := sc.RabbitMQ
+	var tlsConfig *tls.Config
+	if r.TLS != nil {
+		var err error
+		if tlsConfig, err = clientTLS(sc.Name, r.TLS, log); err != nil {
+			return source{}, err
+		}
+	}
 	c := rabbitmq.NewClient(rabbitmq.Options{
 		Name:     sc.Name,
 		URL:      r.URL,
@@ -38,6 +46,8 @@ func rabbitSource(sc config.Source, tiers []time.Duration, deadLetterRetention t
 		// Applies when the sidecar declares the dead-letter stream.
 		DeadLetterRetention: deadLetterRetention,
 		Logger:              log,
+		TLS:                 tlsConfig,
+		Login:               rabbitLogin(r),
 	})
 	return source{
 		name: sc.Name,
@@ -55,6 +65,12 @@ func rabbitSource(sc config.Source, tiers []time.Duration, deadLetterRetention t
 		},
 		ready: func() error {
 			if !c.Connected() {
+				if err := c.LastError(); err != nil {
+					if why, ok := rabbitmq.Refusal(err); ok {
+						return fmt.Errorf("broker not connected: refused: %s", why)
+					}
+					return fmt.Errorf("broker not connected: %w", err)
+				}
 				return errors.New("broker not connected")
 			}
 			return nil
@@ -67,7 +83,7 @@ func rabbitSource(sc config.Source, tiers []time.Duration, deadLetterRetention t
 			b, err := c.Backlog(ctx)
 			return b, 0, false, err
 		},
-	}
+	}, nil
 }
 
 // kafkaSource builds a Kafka source; journalID is the journal's instance id,
@@ -75,6 +91,10 @@ func rabbitSource(sc config.Source, tiers []time.Duration, deadLetterRetention t
 func kafkaSource(sc config.Source, tiers []time.Duration, deadLetterRetention time.Duration, maxMessageBytes int, journalID string, log *slog.Logger) (source, error) {
 	k := sc.Kafka
 	member := groupInstanceID(sc.Name, k, journalID)
+	security, err := kafkaSecurity(sc.Name, k, log)
+	if err != nil {
+		return source{}, err
+	}
 	o := kafka.Options{
 		Name:    sc.Name,
 		Brokers: k.Brokers,
@@ -90,6 +110,7 @@ func kafkaSource(sc config.Source, tiers []time.Duration, deadLetterRetention ti
 		SessionTimeout:      k.SessionTimeout.D(),
 		InstanceID:          member,
 		MaxMessageBytes:     maxMessageBytes,
+		Extra:               security,
 		Logger:              log,
 	}
 	if k.TransactionalTransfer {
@@ -105,7 +126,10 @@ func kafkaSource(sc config.Source, tiers []time.Duration, deadLetterRetention ti
 		_ = c.Close()
 		return source{}, err
 	}
-	var declared atomic.Bool
+	var (
+		declared    atomic.Bool
+		declareFail atomic.Pointer[string] // why the latest check failed
+	)
 	return source{
 		name: sc.Name,
 		deadLetters: deadletter.ManagedSource{
@@ -128,11 +152,17 @@ func kafkaSource(sc config.Source, tiers []time.Duration, deadLetterRetention ti
 		},
 		ready: func() error {
 			if !declared.Load() {
+				if why := declareFail.Load(); why != nil {
+					return fmt.Errorf("topics not yet checked: %s", *why)
+				}
 				return errors.New("topics not yet checked")
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
 			if err := c.Ping(ctx); err != nil {
+				if why, ok := kafka.Refusal(err); ok {
+					return fmt.Errorf("refused: %s: %w", why, err)
+				}
 				return fmt.Errorf("no broker answers: %w", err)
 			}
 			return nil
@@ -147,7 +177,14 @@ func kafkaSource(sc config.Source, tiers []time.Duration, deadLetterRetention ti
 					declared.Store(true)
 					return nil
 				}
-				log.Warn("kafka topics not ready", "source", sc.Name, "err", err, "retry_in", backoff)
+				msg := err.Error()
+				if why, ok := kafka.Refusal(err); ok {
+					msg = "refused: " + why + ": " + msg
+					log.Error("kafka refused the sidecar: "+why, "source", sc.Name, "err", err, "retry_in", backoff)
+				} else {
+					log.Warn("kafka topics not ready", "source", sc.Name, "err", err, "retry_in", backoff)
+				}
+				declareFail.Store(&msg)
 				select {
 				case <-ctx.Done():
 					return nil

@@ -71,6 +71,12 @@ type RabbitMQ struct {
 	// Declare creates the retry tiers, retry queue and dead-letter queue when
 	// missing. With false they must already exist.
 	Declare *bool `yaml:"declare"`
+	// TLS is the CA, client certificate and server name for an amqps://
+	// URL; without it an amqps:// URL trusts the system's roots.
+	TLS *TLS `yaml:"tls"`
+	// Credentials, when set, log in instead of the URL's user and password
+	// (PLAIN), which may then come from a file or the environment.
+	Credentials `yaml:",inline"`
 }
 
 // Kafka is a topic consumed by a consumer group.
@@ -103,6 +109,10 @@ type Kafka struct {
 	// anyway: empty means an id made once per journal and kept in it; set it
 	// (say, to the pod's name) to choose the id an operator sees.
 	InstanceID string `yaml:"instance_id"`
+	// TLS, when present, connects to the brokers over TLS.
+	TLS *TLS `yaml:"tls"`
+	// SASL, when present, authenticates to the brokers.
+	SASL *SASL `yaml:"sasl"`
 }
 
 // Retry bounds how often and how long a message is tried.

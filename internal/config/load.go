@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"maps"
 	"reflect"
 	"slices"
 	"strconv"
@@ -144,7 +145,12 @@ func yamlFields(t reflect.Type) map[string]reflect.StructField {
 	fields := make(map[string]reflect.StructField, t.NumField())
 	for i := range t.NumField() {
 		f := t.Field(i)
-		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		name, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if name == "" && opts == "inline" && f.Type.Kind() == reflect.Struct {
+			// An inlined struct's keys are the outer struct's.
+			maps.Copy(fields, yamlFields(f.Type))
+			continue
+		}
 		if name != "" && name != "-" {
 			fields[name] = f
 		}

@@ -146,7 +146,8 @@ func (h *Handler) validate(ps *Problems) {
 }
 
 func (r *RabbitMQ) validate(path string, tiers []Duration, ps *Problems) {
-	switch u, err := url.Parse(r.URL); {
+	u, err := url.Parse(r.URL)
+	switch {
 	case r.URL == "":
 		ps.add(path+".url", "required")
 	case err != nil:
@@ -154,6 +155,10 @@ func (r *RabbitMQ) validate(path string, tiers []Duration, ps *Problems) {
 	case u.Scheme != "amqp" && u.Scheme != "amqps":
 		ps.add(path+".url", "scheme %q not supported; use amqp:// or amqps://", u.Scheme)
 	}
+	if r.URL == "" || err != nil {
+		u = nil
+	}
+	r.validateSecurity(path, u, ps)
 	if r.Queue == "" {
 		ps.add(path+".queue", "required")
 	} else {
@@ -210,6 +215,12 @@ func (k *Kafka) validate(path string, ps *Problems) {
 	}
 	if id := k.InstanceID; id != "" && !validInstanceID(id) {
 		ps.add(path+".instance_id", "want up to 249 of a-z, A-Z, 0-9, '.', '_' and '-' (what Kafka accepts), got %q", id)
+	}
+	if k.TLS != nil {
+		k.TLS.validate(path+".tls", ps)
+	}
+	if k.SASL != nil {
+		k.SASL.validate(path+".sasl", ps)
 	}
 }
 

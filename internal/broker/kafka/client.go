@@ -330,7 +330,11 @@ func (c *Client) Consume(ctx context.Context, deliver func(broker.Delivery)) err
 			return nil
 		}
 		fetches.EachError(func(topic string, p int32, err error) {
-			if !errors.Is(err, context.Canceled) {
+			switch why, refused := Refusal(err); {
+			case errors.Is(err, context.Canceled):
+			case refused:
+				c.log.Error("kafka refused the sidecar: "+why, "fetch_topic", topic, "partition", p, "err", err)
+			default:
 				c.log.Warn("kafka fetch error", "fetch_topic", topic, "partition", p, "err", err)
 			}
 		})

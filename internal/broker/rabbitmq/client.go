@@ -2,6 +2,7 @@ package rabbitmq
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -31,6 +32,14 @@ type Options struct {
 	Logger              *slog.Logger
 	// MinBackoff and MaxBackoff bound the redial delay; zero means 100ms and 10s.
 	MinBackoff, MaxBackoff time.Duration
+	// TLS is the TLS configuration of an amqps:// URL; nil takes it from
+	// the URL (the system's roots, and any certfile, keyfile and cacertfile
+	// query parameters).
+	TLS *tls.Config
+	// Login, when set, gives the user and password for each new connection
+	// instead of the URL's (read then, so a rotated password is taken up at
+	// the next reconnect).
+	Login func() (user, password string, err error)
 }
 
 // ErrNotConnected is returned by Transfer when there is no live connection.
@@ -45,6 +54,7 @@ type Client struct {
 	log  *slog.Logger
 
 	mu       sync.Mutex
+	lastErr  error
 	sess     *session
 	changed  chan struct{} // closed and replaced whenever sess changes
 	stopping bool          // Run is waiting for wg: no new watchers
@@ -90,9 +100,14 @@ func (c *Client) Run(ctx context.Context) error {
 	backoff := c.opts.MinBackoff
 	for {
 		s, err := c.connect(ctx)
+		c.setLastErr(err)
 		if err != nil {
 			// A dial error can quote the URL, password and all.
-			c.log.Warn("rabbitmq connect failed", "err", redact.Error(err), "retry_in", backoff)
+			if why, ok := Refusal(err); ok {
+				c.log.Error("rabbitmq refused the sidecar: "+why, "err", redact.Error(err), "retry_in", backoff)
+			} else {
+				c.log.Warn("rabbitmq connect failed", "err", redact.Error(err), "retry_in", backoff)
+			}
 			select {
 			case <-ctx.Done():
 				c.stop()
@@ -146,6 +161,61 @@ func (c *Client) Connected() bool {
 	return c.sess != nil && !c.sess.isDone()
 }
 
+// LastError is why the latest attempt to connect failed, redacted; nil
+// once one succeeded.
+func (c *Client) LastError() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lastErr
+}
+
+func (c *Client) setLastErr(err error) {
+	if err != nil {
+		err = redact.Error(err)
+	}
+	c.mu.Lock()
+	c.lastErr = err
+	c.mu.Unlock()
+}
+
+// dial opens a connection named name, with the configured TLS and login.
+func (c *Client) dial(name string) (*amqp.Connection, error) {
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName(name)
+	cfg := amqp.Config{
+		Heartbeat:       10 * time.Second,
+		Properties:      props,
+		Dial:            amqp.DefaultDial(5 * time.Second),
+		TLSClientConfig: c.opts.TLS,
+	}
+	if c.opts.Login != nil {
+		user, password, err := c.opts.Login()
+		if err != nil {
+			return nil, fmt.Errorf("credentials: %w", err)
+		}
+		cfg.SASL = []amqp.Authentication{&amqp.PlainAuth{Username: user, Password: password}}
+	}
+	return amqp.DialConfig(c.opts.URL, cfg)
+}
+
+// Refusal reports whether err is RabbitMQ or its TLS listener refusing the
+// sidecar (credentials, a vhost it may not use, certificates), which
+// redialling does not mend, and says what to check.
+func Refusal(err error) (string, bool) {
+	var ae *amqp.Error
+	switch {
+	case errors.Is(err, amqp.ErrCredentials):
+		return "the user name or password was not accepted: check the url's credentials or username and password_file", true
+	case errors.Is(err, amqp.ErrSASL):
+		return "no login mechanism in common with the broker", true
+	case errors.Is(err, amqp.ErrVhost):
+		return "the vhost does not exist or the user may not use it", true
+	case errors.As(err, &ae) && ae.Code == amqp.AccessRefused:
+		return "access refused (" + ae.Reason + "): check the user's permissions on the vhost", true
+	}
+	return broker.TLSRefusal(err)
+}
+
 func (c *Client) setSession(s *session) {
 	c.mu.Lock()
 	c.sess = s
@@ -182,13 +252,7 @@ func (c *Client) await(ctx context.Context) (*session, error) {
 }
 
 func (c *Client) connect(ctx context.Context) (*session, error) {
-	props := amqp.NewConnectionProperties()
-	props.SetClientConnectionName("handoff " + c.opts.Name)
-	conn, err := amqp.DialConfig(c.opts.URL, amqp.Config{
-		Heartbeat:  10 * time.Second,
-		Properties: props,
-		Dial:       amqp.DefaultDial(5 * time.Second),
-	})
+	conn, err := c.dial("handoff " + c.opts.Name)
 	if err != nil {
 		return nil, fmt.Errorf("dial: %w", err)
 	}

@@ -168,13 +168,7 @@ func (c *Client) readerConn(ctx context.Context) (*amqp.Connection, error) {
 	if c.readerStopped {
 		return nil, ErrNotConnected
 	}
-	props := amqp.NewConnectionProperties()
-	props.SetClientConnectionName("handoff " + c.opts.Name + " dead-letter logs")
-	conn, err := amqp.DialConfig(c.opts.URL, amqp.Config{
-		Heartbeat:  10 * time.Second,
-		Properties: props,
-		Dial:       amqp.DefaultDial(5 * time.Second),
-	})
+	conn, err := c.dial("handoff " + c.opts.Name + " dead-letter logs")
 	if err != nil {
 		return nil, fmt.Errorf("dial for the dead-letter logs: %w", redact.Error(err))
 	}
