@@ -3,8 +3,8 @@ package config
 import (
 	"errors"
 	"fmt"
-	"os"
 	"maps"
+	"os"
 	"reflect"
 	"slices"
 	"strconv"
