@@ -211,7 +211,7 @@ func TestRabbitGoneIsAckedNotDeadLettered(t *testing.T) {
 
 	publish(t, conn, q, publishing{MessageId: "m-5", Body: []byte("x")})
 	waitFor(t, 10*time.Second, "the call", func() bool { return len(a.callsFor("m-5")) == 1 })
-	time.Sleep(2 * tier)
+	waitSettled(t, s, 1)
 	s.stop(t)
 	if n := len(a.callsFor("m-5")); n != 1 {
 		t.Errorf("app called %d times, want 1", n)
@@ -335,14 +335,17 @@ func TestRabbitAppDownBurnsNoAttempts(t *testing.T) {
 	ln.Close()
 	a := &app{t: t, addr: addr, respond: status(http.StatusOK)}
 	t.Cleanup(a.stop)
-	startSidecar(t, testConfig(a.url(), q, tier))
+	s := startSidecar(t, testConfig(a.url(), q, tier))
 
 	var msgs []publishing
 	for i := range 5 {
 		msgs = append(msgs, publishing{MessageId: fmt.Sprintf("m-9-%d", i), Body: []byte("x")})
 	}
 	publish(t, conn, q, msgs...)
-	time.Sleep(1500 * time.Millisecond) // the sidecar finds nobody home
+	waitFor(t, 20*time.Second, "the sidecar to find nobody home", func() bool {
+		_, readyz := healthBodies(t, s.health)
+		return strings.Contains(readyz, "app unreachable")
+	})
 	for _, name := range []string{rabbitmq.RetryQueue(q), rabbitmq.DeadLetterQueue(q)} {
 		if n := depth(t, conn, name); n != 0 {
 			t.Errorf("%s holds %d while the app is down, want 0", name, n)
