@@ -112,12 +112,14 @@ func TestPeakRSSIsTheChildsOwn(t *testing.T) {
 	for i := range ballast {
 		ballast[i] = 1
 	}
-	cmd := exec.Command("sleep", "0.5")
+	// Start returns once the child has exec'd sleep, so what /proc reads
+	// is sleep's own; sleep lasts until the test is done with it, so that
+	// a slow read never finds it gone.
+	cmd := exec.Command("sleep", "60")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer cmd.Wait()
-	time.Sleep(100 * time.Millisecond)
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 	kib, err := peakRSS(cmd.Process.Pid)
 	if err != nil {
 		t.Fatal(err)
@@ -135,7 +137,9 @@ func TestSampleAnonSeesAPeak(t *testing.T) {
 		for i := range b {
 			b[i] = 1
 		}
-		time.Sleep(300 * time.Millisecond)
+		// The consumer holds it a while: long enough for a sampler ticking
+		// every 50ms to see it on a loaded machine.
+		time.Sleep(time.Second)
 		runtime.KeepAlive(b)
 		return
 	}

@@ -87,9 +87,9 @@ func TestCrashAfterSuccessBeforeAck(t *testing.T) {
 	s.stop(t)
 	waitFor(t, 5*time.Second, "the unacked message back in the queue", func() bool { return depth(t, conn, q) == 1 })
 
+	back := depth(t, conn, q)
 	s = startSidecar(t, cfg)
-	waitFor(t, 10*time.Second, "the redelivery settled", func() bool { return depth(t, conn, q) == 0 })
-	time.Sleep(200 * time.Millisecond)
+	waitSettled(t, s, back)
 	s.stop(t)
 	if got := depth(t, conn, q); got != 0 {
 		t.Fatalf("source holds %d after the restart, want 0", got)
@@ -133,7 +133,9 @@ func TestCrashAfterPublishBeforeConfirm(t *testing.T) {
 	waitFor(t, 10*time.Second, "both copies consumed", func() bool {
 		return depth(t, conn, tierQ) == 0 && depth(t, conn, retry) == 0 && depth(t, conn, q) == 0
 	})
-	time.Sleep(3 * tier)
+	// The redelivered source message and both copies settled: the second
+	// copy was dropped, or called, by now.
+	waitSettled(t, s, 3)
 	s.stop(t)
 	if n := len(a.callsFor("c-2")); n != 2 {
 		t.Errorf("app called %d times, want 2 (attempt 1, then one retry): the second copy must be dropped", n)
@@ -169,9 +171,9 @@ func TestCrashAfterConfirmBeforeAck(t *testing.T) {
 	s.stop(t)
 	waitFor(t, 5*time.Second, "the unacked message back in the queue", func() bool { return depth(t, conn, q) == 1 })
 
+	back := depth(t, conn, q)
 	s = startSidecar(t, cfg)
-	waitFor(t, 10*time.Second, "the redelivery settled", func() bool { return depth(t, conn, q) == 0 })
-	time.Sleep(200 * time.Millisecond)
+	waitSettled(t, s, back)
 	s.stop(t)
 	copies := readStream(t, conn, rabbitmq.DeadLetterQueue(q))
 	if len(copies) != 1 {
@@ -212,9 +214,9 @@ func TestCrashAfterPublishBeforeConfirmDLQ(t *testing.T) {
 	s.stop(t)
 	waitFor(t, 5*time.Second, "the unacked message back in the queue", func() bool { return depth(t, conn, q) >= 1 })
 
+	back := depth(t, conn, q)
 	s = startSidecar(t, cfg)
-	waitFor(t, 10*time.Second, "the redelivery settled", func() bool { return depth(t, conn, q) == 0 })
-	time.Sleep(200 * time.Millisecond)
+	waitSettled(t, s, back)
 	s.stop(t)
 	count := map[string]int{}
 	for _, d := range readStream(t, conn, rabbitmq.DeadLetterQueue(q)) {
@@ -304,9 +306,9 @@ func TestCrashAfterPublishBeforeConfirmKafka(t *testing.T) {
 
 	s = startSidecar(t, cfg)
 	dlq := kafka.DeadLetterTopic(topic, kafkaGroup(topic))
-	// Give the restart time to resume the record (it would write a second
-	// copy within this if it wrote one at all).
-	time.Sleep(2 * time.Second)
+	// The restart resumes the record and settles it (it would have written
+	// a second copy by then if it wrote one at all).
+	waitSettled(t, s, 1)
 	s.stop(t)
 	if n := len(readTopic(t, brokers, dlq)); n != 1 {
 		t.Errorf("DLQ topic holds %d copies, want exactly 1", n)
@@ -341,6 +343,8 @@ func TestCrashAfterPublishBeforeConfirmKafkaTransactional(t *testing.T) {
 	checkCommittedAtLogEnd(t, brokers, topic)
 
 	s = startSidecar(t, cfg)
+	// Nothing is left to resume: a bounded look that the restart writes no
+	// second copy and makes no second call.
 	time.Sleep(2 * time.Second)
 	s.stop(t)
 	if n := len(readTopic(t, brokers, kafka.DeadLetterTopic(topic, kafkaGroup(topic)))); n != 1 {

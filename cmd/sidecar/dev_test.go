@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"regexp"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -57,20 +58,22 @@ func TestDevAccountsForEveryOrder(t *testing.T) {
 func TestDevStopsOnInterrupt(t *testing.T) {
 	t.Parallel()
 	bin := sidecarBinary(t)
-	var out bytes.Buffer
+	var out lockedBuffer
 	cmd := exec.Command(bin, "dev", "--messages", "1000", "--every", "50ms")
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(1500 * time.Millisecond)
+	t.Cleanup(func() { _ = cmd.Process.Kill() }) // should the wait below fail
+	// Ctrl-C once the demo is running: an order has been handled.
+	waitFor(t, 60*time.Second, "the first order handled", func() bool { return strings.Contains(out.String(), "handled") })
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
 	if err := waitExit(t, cmd, 20*time.Second, &out); err != nil {
 		t.Errorf("sidecar dev exited with %v after Ctrl-C\n%s", err, out.String())
 	}
-	if !bytes.Contains(out.Bytes(), []byte("Totals: ")) {
+	if !strings.Contains(out.String(), "Totals: ") {
 		t.Errorf("no totals after Ctrl-C:\n%s", out.String())
 	}
 }

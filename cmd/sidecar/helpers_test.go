@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -464,6 +465,19 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// waitSettled waits until the sidecar has taken at least received
+// deliveries since it started and holds none of them unsettled: each one it
+// took has been acked, handed back or moved on, so whatever it would do
+// with them is done.
+func waitSettled(t *testing.T, s *sidecar, received int) {
+	t.Helper()
+	waitFor(t, 30*time.Second, fmt.Sprintf("%d deliveries taken and settled", received), func() bool {
+		fams := scrape(t, s.health)
+		return sample(fams, "handoff_messages_received_total", nil) >= float64(received) &&
+			sample(fams, "handoff_oldest_unsettled_age_seconds", nil) == 0
+	})
 }
 
 // testVhost creates a vhost of its own for a test that disrupts every

@@ -231,7 +231,7 @@ func checkCommittedAtLogEnd(t *testing.T, brokers []string, topic string) {
 	// coordinator has written the commit markers, a moment after the
 	// transaction ended: look again for a while before calling it missing.
 	var behind []string
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	for deadline := time.Now().Add(30 * time.Second); ; {
 		offs, err := adm.FetchOffsets(context.Background(), kafkaGroup(topic))
 		if err != nil {
 			t.Fatal(err)

@@ -201,14 +201,14 @@ func TestWebhookReloadsRotatedCertificate(t *testing.T) {
 		t.Fatal(err)
 	}
 	fresh := in.client(t)
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		_, err := fresh.Get(in.url + "/healthz")
 		if err == nil {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the new certificate was not served within 10s: %v", err)
+			t.Fatalf("the new certificate was not served within 30s: %v", err)
 		}
 		// The files' times may equal the old ones within the clock's
 		// step; the next write moves them on.

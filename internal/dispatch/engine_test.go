@@ -57,11 +57,13 @@ func (s *fakeSource) Consume(ctx context.Context, deliver func(broker.Delivery))
 
 type fakeTransfer struct {
 	fails atomic.Int32 // transfers to fail before succeeding; < 0 fails forever
+	tries atomic.Int32 // transfers asked for, failed or not
 	mu    *sync.Mutex
 	log   *[]event
 }
 
 func (f *fakeTransfer) Transfer(_ context.Context, dest broker.Destination, _ *broker.Message, trail broker.Headers) error {
+	f.tries.Add(1)
 	if n := f.fails.Load(); n != 0 {
 		if n > 0 {
 			f.fails.Add(-1)
@@ -160,13 +162,14 @@ func (r *rig) snapshot() []event {
 	return append([]event(nil), r.events...)
 }
 
-// run runs e until cond holds (or 5s pass), then stops it.
+// run runs e until cond holds (or 30s pass: the test's own checks then
+// fail), then stops it.
 func run(t *testing.T, e *Engine, cond func() bool) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for !cond() && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -199,8 +202,9 @@ func TestFailedTransferNeverAcks(t *testing.T) {
 	r := newRig(t, budget.Retry)
 	r.tr.fails.Store(-1)
 	d := r.delivery("a")
-	start := time.Now()
-	run(t, r.engine(4, d), func() bool { return time.Since(start) > 300*time.Millisecond })
+	// Three failed transfers: the engine has tried, backed off and tried
+	// again, and acked nothing meanwhile.
+	run(t, r.engine(4, d), func() bool { return r.tr.tries.Load() >= 3 })
 	got := kinds(r.snapshot())
 	if len(got) != 1 || got[0] != "release" {
 		t.Fatalf("events = %v, want only a release at shutdown", got)
@@ -211,12 +215,15 @@ func TestLostDeliveryIsLeftToTheBroker(t *testing.T) {
 	r := newRig(t, budget.Retry)
 	r.tr.fails.Store(-1)
 	d := r.delivery("a")
-	go func() {
-		time.Sleep(150 * time.Millisecond)
-		close(d.lost)
-	}()
-	start := time.Now()
-	run(t, r.engine(4, d), func() bool { return time.Since(start) > 400*time.Millisecond })
+	e := r.engine(4, d)
+	// The delivery is lost while its copy keeps failing to transfer; the
+	// walk then ends (the route has nothing open) with nothing settled.
+	run(t, e, func() bool {
+		if r.tr.tries.Load() >= 1 && !isClosed(d.lost) {
+			close(d.lost)
+		}
+		return isClosed(d.lost) && e.Status().Routes[0].InFlight == 0
+	})
 	if got := r.snapshot(); len(got) != 0 {
 		t.Fatalf("events = %v, want none: a lost delivery can be neither acked nor released", kinds(got))
 	}
@@ -224,15 +231,13 @@ func TestLostDeliveryIsLeftToTheBroker(t *testing.T) {
 
 func TestUnreachableHoldsWithoutBurningAttempts(t *testing.T) {
 	r := newRig(t, budget.Unreachable, budget.Unreachable, budget.Success)
-	go func() {
-		time.Sleep(100 * time.Millisecond)
-		r.app.probeOK.Store(true)
-	}()
 	e := r.engine(4, r.delivery("a"))
 	var sawHeld atomic.Bool
 	run(t, e, func() bool {
+		// The app comes back once the engine is seen holding for it.
 		if e.Ready() != nil {
 			sawHeld.Store(true)
+			r.app.probeOK.Store(true)
 		}
 		return len(r.snapshot()) == 1
 	})

@@ -135,14 +135,26 @@ func (s *chanSource) Consume(ctx context.Context, deliver func(broker.Delivery))
 
 func waitUntil(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatal("condition not met in 5s")
+			t.Fatal("condition not met in 30s")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// testClock is an engine clock that moves only when told to.
+type testClock struct{ ns atomic.Int64 }
+
+func newTestClock() *testClock {
+	c := &testClock{}
+	c.ns.Store(time.Now().UnixNano())
+	return c
+}
+
+func (c *testClock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *testClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
 
 func TestReattemptWaitsForATokenUntilItsDeadline(t *testing.T) {
 	r := newRig(t)
@@ -213,10 +225,13 @@ func TestFreshIntakePausesWhenBudgetSpentAndFailing(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
 	defer func() { cancel(); <-done }()
-	time.Sleep(500 * time.Millisecond)
+	waitUntil(t, e.intakes.Paused)
+	// Then a bounded look at what the pause lets through: the threshold,
+	// plus calls already holding or about to take a slot while the pause
+	// was decided; far fewer than the 100 waiting. (The first probe comes
+	// only after freshProbeMin.)
+	time.Sleep(200 * time.Millisecond)
 	paused := app.count()
-	// The threshold, plus calls already holding or about to take a slot
-	// while the pause is decided; far fewer than the 100 waiting.
 	if paused > freshFailThreshold+8 || !e.intakes.Paused() {
 		t.Fatalf("%d fresh messages called with the budget spent (paused: %v); want intake paused after %d",
 			paused, e.intakes.Paused(), freshFailThreshold)
@@ -288,8 +303,11 @@ func TestSlotGivenBackWhenAPauseBegins(t *testing.T) {
 	r := newRig(t)
 	app := newScriptApp(handler.Result{Outcome: budget.Overload, RetryAfter: 400 * time.Millisecond}, 50*time.Millisecond)
 	first, second := r.delivery("first"), r.delivery("second")
+	// The pause ends by the engine's clock, which moves only when the test
+	// says: however slow the machine, the checks below are inside it.
+	clock := newTestClock()
 	e := r.engineWith(app, func(o *Options) { o.MaxConcurrency = 1 }, first, second)
-	e.limiter = budget.NewLimiter(1)
+	e.limiter, e.now = budget.NewLimiter(1), clock.Now
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
@@ -299,10 +317,13 @@ func TestSlotGivenBackWhenAPauseBegins(t *testing.T) {
 	waitUntil(t, func() bool { return app.count() == 1 && e.limiter.Queued() == 1 })
 	waitUntil(t, func() bool { return e.overloadUntil.Load() != 0 })
 	app.answer.Store(handler.Result{Outcome: budget.Success})
-	time.Sleep(100 * time.Millisecond) // inside the pause
-	if n, q := e.limiter.InFlight(), app.count(); n != 0 || q != 1 {
-		t.Fatalf("during the pause: %d slots held, %d calls; want none held and only the first call", n, q)
+	// The second walk gives its slot back and nothing queues: it waits out
+	// the pause holding no slot.
+	waitUntil(t, func() bool { return e.limiter.InFlight() == 0 && e.limiter.Queued() == 0 })
+	if q := app.count(); q != 1 {
+		t.Fatalf("during the pause: %d calls; want only the first call", q)
 	}
+	clock.Advance(time.Second) // past the pause
 	waitUntil(t, func() bool { return app.count() >= 2 })
 }
 
@@ -312,11 +333,12 @@ func TestDeadlinePassedInTheQueue(t *testing.T) {
 	r := newRig(t)
 	app := newScriptApp(handler.Result{Outcome: budget.Success}, 0)
 	late := r.delivery("late")
+	clock := newTestClock()
 	e := r.engineWith(app, func(o *Options) {
 		o.MaxConcurrency = 1
 		o.Policy.Deadline = 100 * time.Millisecond
 	}, late)
-	e.limiter = budget.NewLimiter(1)
+	e.limiter, e.now = budget.NewLimiter(1), clock.Now
 	if !e.limiter.TryAcquire() { // the one slot, held by the test
 		t.Fatal("no slot free at the start")
 	}
@@ -325,7 +347,7 @@ func TestDeadlinePassedInTheQueue(t *testing.T) {
 	go func() { done <- e.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 	waitUntil(t, func() bool { return e.limiter.Queued() == 1 })
-	time.Sleep(150 * time.Millisecond) // past the walk's deadline
+	clock.Advance(150 * time.Millisecond) // past the walk's deadline
 	e.limiter.Release(0)
 	waitUntil(t, func() bool {
 		for _, ev := range r.snapshot() {

@@ -142,7 +142,9 @@ func TestBatchFillsThenWaits(t *testing.T) {
 	if n := requests.Load(); n < 3 || n > 5 {
 		t.Errorf("%d requests for 5 messages of at most 2 a batch", n)
 	}
-	if time.Since(start) > 2*time.Second {
+	// Wide, for a loaded machine: a partial batch that waited for a full
+	// one would never go.
+	if time.Since(start) > 15*time.Second {
 		t.Error("a partial batch waited far longer than max_wait")
 	}
 }

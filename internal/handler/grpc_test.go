@@ -303,7 +303,7 @@ func (a *grpcApp) count() int {
 
 func waitCalls(t *testing.T, a *grpcApp, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		got := a.count()
 		if got >= n {
 			return

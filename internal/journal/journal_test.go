@@ -181,7 +181,16 @@ func TestCloseWhileAppending(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(50 * time.Millisecond) // let the appends get going; the outcome does not depend on it
+	// Close while every goroutine is appending: each has had one Append
+	// through, so the close cuts into a stream, not into nothing.
+	waitFor(t, func() bool {
+		for g := range goroutines {
+			if ok[g].Load() == 0 {
+				return false
+			}
+		}
+		return true
+	})
 	if err := j.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
@@ -484,14 +493,16 @@ func TestAppendLeavesCallerRecords(t *testing.T) {
 
 // A writer alone never waits out the linger: it is for commits many
 // writers share. One Append after another, each returns with its own
-// commit, far sooner than a linger of two seconds each.
+// commit, far sooner than a linger of thirty seconds (long, so that no slow
+// disk or loaded machine can pass for one).
 func TestLingerOnlyUnderLoad(t *testing.T) {
-	j, _ := openJournal(t, newPath(t), Options{Linger: 2 * time.Second})
+	const linger = 30 * time.Second
+	j, _ := openJournal(t, newPath(t), Options{Linger: linger})
 	start := time.Now()
 	for i := range 5 {
 		appendOK(t, j, Key{Source: "orders", EventID: fmt.Sprint("seq-", i)}, Record{Kind: Received})
 	}
-	if took := time.Since(start); took >= 2*time.Second {
+	if took := time.Since(start); took >= linger {
 		t.Fatalf("5 appends one after another took %v: they lingered", took)
 	}
 }

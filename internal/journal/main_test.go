@@ -62,8 +62,10 @@ func childOpen(path string) {
 			res.Corrupt, res.Path, res.HasCause = true, ce.Path, ce.Unwrap() != nil
 		}
 	}
-	// A failed Open leaves nothing running (bbolt's checker included).
-	deadline := time.Now().Add(time.Second)
+	// A failed Open leaves nothing running (bbolt's checker included). The
+	// wait ends as soon as the count is back; it is long only so that a
+	// loaded machine cannot pass for a leak.
+	deadline := time.Now().Add(10 * time.Second)
 	for runtime.NumGoroutine() > goroutines && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}

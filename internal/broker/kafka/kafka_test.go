@@ -398,20 +398,18 @@ func TestHoldRetriesStopsOnlyTheRetryTopics(t *testing.T) {
 		defer mu.Unlock()
 		return append([]string(nil), got...)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for len(seen()) == 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	time.Sleep(time.Second) // the retry record would have come by now
-	if s := seen(); len(s) != 1 || s[0] != "fresh" {
-		t.Fatalf("with retries held got %q, want only the fresh record", s)
+	waitUntil(t, 30*time.Second, "the fresh record", func() bool { return len(seen()) > 0 })
+	// A second fresh record, produced once the first came, comes in a later
+	// fetch; the retry record, there before either, would have come by
+	// then had it not been held.
+	produce(t, addrs, &kgo.Record{Topic: "orders", Value: []byte("fresh-2")})
+	waitUntil(t, 30*time.Second, "the second fresh record", func() bool { return len(seen()) >= 2 })
+	if s := seen(); len(s) != 2 || s[0] != "fresh" || s[1] != "fresh-2" {
+		t.Fatalf("with retries held got %q, want only the fresh records", s)
 	}
 	c.HoldRetries(false)
-	deadline = time.Now().Add(10 * time.Second)
-	for len(seen()) < 2 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if s := seen(); len(s) != 2 || s[1] != "retry" {
+	waitUntil(t, 30*time.Second, "the retry record after the hold", func() bool { return len(seen()) >= 3 })
+	if s := seen(); len(s) != 3 || s[2] != "retry" {
 		t.Fatalf("after releasing the hold got %q, want the retry record too", s)
 	}
 }
@@ -430,13 +428,7 @@ func TestRevokedPauseDoesNotOutliveTheAssignment(t *testing.T) {
 		t.Fatal("partition not paused")
 	}
 	close(st.lost)
-	deadline := time.Now().Add(5 * time.Second)
-	for paused() {
-		if time.Now().After(deadline) {
-			t.Fatal("revoked partition still paused")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitUntil(t, 30*time.Second, "the revoked partition resumed", func() bool { return !paused() })
 }
 
 // TestTakesOnlyWhatItCanHandOut: records beyond MaxInFlight stay buffered in
@@ -454,7 +446,9 @@ func TestTakesOnlyWhatItCanHandOut(t *testing.T) {
 	c := newClientWith(t, Options{Brokers: addrs, Topic: "backlog", MaxInFlight: 10, RevokeTimeout: time.Millisecond})
 	t.Cleanup(func() { _ = c.Close() })
 	consume(t, c, 10, 10*time.Second)
-	time.Sleep(200 * time.Millisecond) // Consume is blocked on the eleventh
+	// A bounded look while Consume is blocked on the eleventh: it takes
+	// nothing more in the meantime.
+	time.Sleep(200 * time.Millisecond)
 	// Taken from the client: the ten handed out and, at most, the one
 	// waiting for a slot.
 	if buffered := c.cl.BufferedFetchRecords(); buffered < 500-11 {

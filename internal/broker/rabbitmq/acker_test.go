@@ -71,8 +71,9 @@ func TestAckerCoalescesButNeverCoversAnOpenDelivery(t *testing.T) {
 	if !releasedAgain {
 		t.Fatal("the released delivery never came back")
 	}
-	// The acks behind the open delivery go out within the hold, not at the close.
-	deadline := time.Now().Add(5 * time.Second)
+	// The acks behind the open delivery go out within the hold, not at the
+	// close (which is only after this wait, however long it takes).
+	deadline := time.Now().Add(15 * time.Second)
 	for {
 		frames, settled := acks.counts()
 		if settled == n-1 {
@@ -112,8 +113,11 @@ func TestAckerCoalescesButNeverCoversAnOpenDelivery(t *testing.T) {
 	// A quorum queue applies settles asynchronously and, with many in
 	// flight, stashes some: acks sent just before a close can come back as
 	// redeliveries (which the journal settles as duplicates). Let them land,
-	// so that what is left is what was never acked.
-	time.Sleep(300 * time.Millisecond)
+	// so that what is left is what was never acked. Nothing over AMQP says
+	// when they have (rabbitmqctl's unacked count is refreshed only every
+	// 5s), so this is a window, a second long so that a loaded broker has
+	// applied them.
+	time.Sleep(time.Second)
 	stopConsume()
 	cancel()
 	<-ran
