@@ -61,11 +61,23 @@ func TestRabbitConnectionsClosedMidStream(t *testing.T) {
 	waitFor(t, 60*time.Second, "every message after the reconnect", func() bool { return len(seen()) == n })
 	s.stop(t)
 
-	dups := 0
+	dups, unflagged := 0, 0
 	for _, k := range seen() {
 		dups += k - 1
 	}
-	t.Logf("%d messages, %d calls before the close, %d calls in all, %d duplicate calls (in flight at the close, redelivered)", n, closedAt, len(a.allCalls()), dups)
+	first := map[string]bool{}
+	for _, c := range a.allCalls() {
+		id := c.Header.Get("Ce-Id")
+		if first[id] && c.Header.Get("Handoff-Redelivered") != "true" {
+			unflagged++
+		}
+		first[id] = true
+	}
+	t.Logf("%d messages, %d calls before the close, %d calls in all, %d duplicate calls (in flight at the close, redelivered), %d of them not flagged",
+		n, closedAt, len(a.allCalls()), dups, unflagged)
+	if unflagged != 0 {
+		t.Errorf("%d repeated calls did not say Handoff-Redelivered: true", unflagged)
+	}
 	if closedAt >= n {
 		t.Fatalf("the stream finished before the connections were closed; the test proves nothing")
 	}

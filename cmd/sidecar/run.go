@@ -217,7 +217,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 		checks  []telemetry.Check
 	)
 	for _, sc := range cfg.Sources {
-		src, err := buildSource(sc, policy.Tiers, cfg.DeadLetter.Retention.D(), int(cfg.Handler.MaxMessageBytes), jr.InstanceID(), log)
+		src, err := buildSource(sc, policy.Tiers, cfg.DeadLetter.Retention.D(), int(cfg.Handler.MaxMessageBytes), jr, log)
 		if err != nil {
 			for _, b := range sources {
 				b.close()
@@ -446,13 +446,14 @@ type source struct {
 }
 
 // deadLetterRetention applies to the dead-letter destinations the sidecar
-// creates; maxMessageBytes sizes Kafka's copies.
-func buildSource(sc config.Source, tiers []time.Duration, deadLetterRetention time.Duration, maxMessageBytes int, journalID string, log *slog.Logger) (source, error) {
+// creates; maxMessageBytes sizes Kafka's copies; jr keeps Kafka's handed-out
+// marks and names the group members.
+func buildSource(sc config.Source, tiers []time.Duration, deadLetterRetention time.Duration, maxMessageBytes int, jr *journal.Journal, log *slog.Logger) (source, error) {
 	switch {
 	case sc.RabbitMQ != nil:
 		return rabbitSource(sc, tiers, deadLetterRetention, log)
 	case sc.Kafka != nil:
-		return kafkaSource(sc, tiers, deadLetterRetention, maxMessageBytes, journalID, log)
+		return kafkaSource(sc, tiers, deadLetterRetention, maxMessageBytes, jr, log)
 	}
 	return source{}, &exitError{code: exitConfig, err: fmt.Errorf("source %q: no broker configured", sc.Name)}
 }

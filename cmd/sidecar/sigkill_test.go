@@ -39,6 +39,9 @@ const killTier = 300 * time.Millisecond
 type killTarget struct {
 	// source is the YAML of the source's broker block.
 	source string
+	// inFlight is how many deliveries the source hands out unsettled at
+	// most: what one kill can leave to be called again.
+	inFlight int
 	// publish sends one message per id, the id as its event id and body.
 	publish func(ids []string)
 	// idle reports whether the source and its retry path hold nothing.
@@ -56,6 +59,8 @@ func TestSIGKILLMixedWorkloadRabbitMQ(t *testing.T) {
 	q := testQueue(t, conn, []time.Duration{killTier})
 	runSIGKILLWorkload(t, killTarget{
 		source: fmt.Sprintf("rabbitmq: {url: %q, queue: %q, prefetch: 8}", rabbitURL(), q),
+		// A prefetch of 8 on the queue and 8 on its retry queue.
+		inFlight: 16,
 		publish: func(ids []string) {
 			var msgs []publishing
 			for _, id := range ids {
@@ -101,6 +106,8 @@ func testSIGKILLKafka(t *testing.T, transactional bool) {
 		// transaction the kill left open).
 		source: fmt.Sprintf("kafka: {brokers: [%q], topic: %q, group: %q, session_timeout: 6s, transactional_transfer: %v}",
 			strings.Join(brokers, ","), topic, kafkaGroup(topic), transactional),
+		// max_in_flight's default: four times max_concurrency (8).
+		inFlight: 32,
 		publish: func(ids []string) {
 			var recs []*kgo.Record
 			for i, id := range ids {
@@ -131,6 +138,7 @@ func runSIGKILLWorkload(t *testing.T, target killTarget) {
 	var mu sync.Mutex
 	succeeded := map[string]int{}    // calls answered 200, per id
 	afterSuccess := map[string]int{} // calls after the first 200
+	unflagged := 0                   // of those, calls not saying Handoff-Redelivered: true
 	a := newApp(t, func(w http.ResponseWriter, c call, prior []call) {
 		time.Sleep(15 * time.Millisecond)
 		id := c.Header.Get("Ce-Id")
@@ -138,6 +146,9 @@ func runSIGKILLWorkload(t *testing.T, target killTarget) {
 		defer mu.Unlock()
 		if succeeded[id] > 0 {
 			afterSuccess[id]++
+			if c.Header.Get("Handoff-Redelivered") != "true" {
+				unflagged++
+			}
 		}
 		switch {
 		case kind(id) == "poison":
@@ -253,8 +264,17 @@ journal: {path: %q}
 		}
 		callsAfter += afterSuccess[id]
 	}
-	t.Logf("%d messages, %d SIGKILLs, %d app calls: lost=%d duplicate DLQ copies=%d app calls after success=%d (on %d messages)",
-		len(ids), kills, len(a.allCalls()), lost, dupDLQ, callsAfter, len(afterSuccess))
+	t.Logf("%d messages, %d SIGKILLs, %d app calls: lost=%d duplicate DLQ copies=%d app calls after success=%d (on %d messages, %d not flagged redelivered)",
+		len(ids), kills, len(a.allCalls()), lost, dupDLQ, callsAfter, len(afterSuccess), unflagged)
+	if unflagged != 0 {
+		t.Errorf("%d calls after a success did not say Handoff-Redelivered: true", unflagged)
+	}
+	// A kill can leave to be called again only deliveries handed out and
+	// not yet settled: calls in flight, and answered ones whose outcome the
+	// journal had not yet made durable.
+	if callsAfter > kills*target.inFlight {
+		t.Errorf("%d calls after success: more than the %d deliveries that %d kills could have left in flight", callsAfter, kills*target.inFlight, kills)
+	}
 	if lost != 0 {
 		t.Errorf("%d messages lost", lost)
 	}

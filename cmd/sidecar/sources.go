@@ -16,6 +16,7 @@ import (
 	"handoff.dev/handoff/internal/config"
 	"handoff.dev/handoff/internal/deadletter"
 	"handoff.dev/handoff/internal/dispatch"
+	"handoff.dev/handoff/internal/journal"
 )
 
 // An unconfirmed dead-letter copy is looked for before it is written again:
@@ -86,11 +87,12 @@ func rabbitSource(sc config.Source, tiers []time.Duration, deadLetterRetention t
 	}, nil
 }
 
-// kafkaSource builds a Kafka source; journalID is the journal's instance id,
-// on which the source's group membership and transactions are built.
-func kafkaSource(sc config.Source, tiers []time.Duration, deadLetterRetention time.Duration, maxMessageBytes int, journalID string, log *slog.Logger) (source, error) {
+// kafkaSource builds a Kafka source; the journal's instance id is what the
+// source's group membership and transactions are built on, and the journal
+// keeps its partitions' handed-out marks.
+func kafkaSource(sc config.Source, tiers []time.Duration, deadLetterRetention time.Duration, maxMessageBytes int, jr *journal.Journal, log *slog.Logger) (source, error) {
 	k := sc.Kafka
-	member := groupInstanceID(sc.Name, k, journalID)
+	member := groupInstanceID(sc.Name, k, jr.InstanceID())
 	security, err := kafkaSecurity(sc.Name, k, log)
 	if err != nil {
 		return source{}, err
@@ -111,6 +113,7 @@ func kafkaSource(sc config.Source, tiers []time.Duration, deadLetterRetention ti
 		InstanceID:          member,
 		MaxMessageBytes:     maxMessageBytes,
 		Extra:               security,
+		Marks:               jr,
 		Logger:              log,
 	}
 	if k.TransactionalTransfer {

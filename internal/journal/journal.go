@@ -196,6 +196,8 @@ type request struct {
 	// probe is a request that writes no records: its commit only says
 	// whether the journal can be written (Probe).
 	probe bool
+	// marks is a request that writes high-water marks, no records.
+	marks map[string]int64
 }
 
 // Open opens (creating if needed) the journal at path, checks it, and reports
@@ -541,6 +543,12 @@ func (j *Journal) write(tx *bolt.Tx, batch []*request) (int, error) {
 		if r.probe {
 			// A page written and synced like any record's.
 			if err := tx.Bucket(bucketMeta).Put(metaProbe, appendTime(nil, now)); err != nil {
+				return n, err
+			}
+			continue
+		}
+		if r.marks != nil {
+			if err := putMarks(tx, r.marks); err != nil {
 				return n, err
 			}
 			continue

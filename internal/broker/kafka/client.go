@@ -64,11 +64,23 @@ type Options struct {
 	// it. A larger record is dead-lettered through a producer of its own.
 	// Zero means 1 MiB, the brokers' default record bound.
 	MaxMessageBytes int
+	// Marks, when set, keeps each partition's highest offset handed out,
+	// durably before the records are handed out: a record at or below the
+	// mark found at assignment may have reached the app before (a restart
+	// after a crash), and its delivery says Redelivered. Kafka itself has no
+	// such flag.
+	Marks Marks
 	// Extra are further client options (TLS, SASL, tests' timeouts).
 	Extra  []kgo.Opt
 	Logger *slog.Logger
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+}
+
+// Marks stores named high-water marks durably (the journal).
+type Marks interface {
+	Mark(name string) (int64, bool, error)
+	SetMarks(ctx context.Context, marks map[string]int64) error
 }
 
 // Client consumes a topic and its retry topics in one consumer group and
@@ -114,6 +126,10 @@ type partition struct {
 	// committed is the last offset a transaction committed (transactional
 	// clients only); -1 before the first.
 	committed int64
+	// handedBefore is the highest offset handed out before this
+	// assignment, by the marks (-1: none); marked is the highest offset
+	// whose mark is durable. Both belong to the poll loop once assigned.
+	handedBefore, marked int64
 
 	mu  sync.Mutex
 	out map[*delivery]struct{} // handed out, neither acked nor released
@@ -241,7 +257,15 @@ func (c *Client) assigned(_ context.Context, _ *kgo.Client, assigned map[string]
 	for topic, ps := range assigned {
 		for _, p := range ps {
 			tp := topicPartition{topic, p}
-			c.parts[tp] = &partition{tp: tp, lost: make(chan struct{}), out: map[*delivery]struct{}{}, committed: -1}
+			st := &partition{tp: tp, lost: make(chan struct{}), out: map[*delivery]struct{}{}, committed: -1, handedBefore: -1, marked: -1}
+			if c.o.Marks != nil {
+				if v, ok, err := c.o.Marks.Mark(c.markName(tp)); err != nil {
+					c.log.Warn("reading the handed-out mark failed; redeliveries of this partition may go unflagged", "fetch_topic", tp.topic, "partition", tp.partition, "err", err)
+				} else if ok {
+					st.handedBefore, st.marked = v, v
+				}
+			}
+			c.parts[tp] = st
 		}
 	}
 }
@@ -338,6 +362,9 @@ func (c *Client) Consume(ctx context.Context, deliver func(broker.Delivery)) err
 				c.log.Warn("kafka fetch error", "fetch_topic", topic, "partition", p, "err", err)
 			}
 		})
+		if c.o.Marks != nil {
+			c.markHandedOut(ctx, fetches)
+		}
 		stop := false
 		fetches.EachPartition(func(ftp kgo.FetchTopicPartition) {
 			if stop {
@@ -385,6 +412,47 @@ func (c *Client) Consume(ctx context.Context, deliver func(broker.Delivery)) err
 		if stop {
 			return nil
 		}
+	}
+}
+
+// markName is the name of tp's handed-out mark: per group, since each group
+// consumes the topic on its own.
+func (c *Client) markName(tp topicPartition) string {
+	return "kafka/" + c.o.Group + "/" + tp.topic + "/" + strconv.Itoa(int(tp.partition))
+}
+
+// markHandedOut makes durable, before they are handed out, the highest
+// offset of each partition's records that Consume is about to hand out:
+// one journal commit for the whole poll.
+func (c *Client) markHandedOut(ctx context.Context, fetches kgo.Fetches) {
+	marks := map[string]int64{}
+	fetches.EachPartition(func(ftp kgo.FetchTopicPartition) {
+		st := c.partition(ftp.Topic, ftp.Partition)
+		if st == nil {
+			return
+		}
+		top := int64(-1)
+		for _, r := range ftp.Records {
+			if r.Offset < st.from.Load() {
+				continue
+			}
+			if c.retry[r.Topic] {
+				if due, ok := nextDue(r); ok && c.now().Before(due) {
+					break // paused here: the rest is fetched again later
+				}
+			}
+			top = r.Offset
+		}
+		if top > st.marked {
+			marks[c.markName(st.tp)] = top
+			st.marked = top
+		}
+	})
+	if len(marks) == 0 {
+		return
+	}
+	if err := c.o.Marks.SetMarks(ctx, marks); err != nil && ctx.Err() == nil {
+		c.log.Warn("writing the handed-out marks failed; after a crash now, repeated calls may not say redelivered", "err", err)
 	}
 }
 

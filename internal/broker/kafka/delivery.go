@@ -53,6 +53,9 @@ func (c *Client) newDelivery(st *partition, r *kgo.Record) *delivery {
 		Origin:      pos,
 		Copy:        c.retry[r.Topic],
 		Native:      r,
+		// At or below the mark found at assignment: handed out before this
+		// assignment, by this journal's sidecar, perhaps to the app.
+		Redelivered: r.Offset <= st.handedBefore,
 	}
 	return d
 }

@@ -455,3 +455,66 @@ func TestTakesOnlyWhatItCanHandOut(t *testing.T) {
 		t.Errorf("%d records left buffered in the client, want at least %d: Consume took more than it could hand out", buffered, 500-11)
 	}
 }
+
+// memMarks is Marks in memory.
+type memMarks struct {
+	mu sync.Mutex
+	m  map[string]int64
+}
+
+func (m *memMarks) Mark(name string) (int64, bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	v, ok := m.m[name]
+	return v, ok, nil
+}
+
+func (m *memMarks) SetMarks(_ context.Context, marks map[string]int64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for k, v := range marks {
+		m.m[k] = max(m.m[k], v)
+	}
+	return nil
+}
+
+// A record handed out before, and not committed, comes again after a
+// restart flagged Redelivered: Kafka has no such flag; the mark written
+// before the record was handed out says so. Records past the mark do not.
+func TestHandedOutMarkFlagsRedeliveries(t *testing.T) {
+	addrs := cluster(t, "orders")
+	for i := range 5 {
+		produce(t, addrs, &kgo.Record{Topic: "orders", Value: []byte(fmt.Sprint(i))})
+	}
+	marks := &memMarks{m: map[string]int64{}}
+	c := newClientWith(t, Options{Brokers: addrs, Topic: "orders", Marks: marks})
+	ds := consume(t, c, 5, 10*time.Second)
+	for _, d := range ds {
+		if d.Message().Redelivered {
+			t.Errorf("first delivery of %s says redelivered", d.Message().Body)
+		}
+	}
+	if v, _, _ := marks.Mark("kafka/g/orders/0"); v != 4 {
+		t.Fatalf("mark = %d, want 4 (the last offset handed out)", v)
+	}
+	_ = ds[0].Ack()
+	_ = ds[1].Ack()
+	// Records 2..4 were handed out and never settled, as a crash leaves
+	// them.
+	for _, d := range ds[2:] {
+		_ = d.Release()
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	produce(t, addrs, &kgo.Record{Topic: "orders", Value: []byte("5")})
+	c2 := newClientWith(t, Options{Brokers: addrs, Topic: "orders", Marks: marks})
+	ds = consume(t, c2, 4, 10*time.Second)
+	for _, d := range ds {
+		m := d.Message()
+		if want := string(m.Body) != "5"; m.Redelivered != want {
+			t.Errorf("record %s: redelivered = %v, want %v", m.Body, m.Redelivered, want)
+		}
+		_ = d.Ack()
+	}
+}
