@@ -118,8 +118,8 @@ journal: {path: %q}
 	// A wrong RabbitMQ password: connection errors are logged and /readyz
 	// says why it is not ready.
 	refused := startBinary(t, bin, config(wrongPass))
-	waitFor(t, 30*time.Second, "two failed connection attempts logged", func() bool {
-		return strings.Count(refused.log.String(), "rabbitmq connect failed") >= 2
+	waitFor(t, 30*time.Second, "two refused connection attempts logged", func() bool {
+		return strings.Count(refused.log.String(), "rabbitmq refused the sidecar") >= 2
 	})
 	healthz, readyz = healthBodies(t, refused.health)
 	refused.stop(t)
