@@ -2,7 +2,7 @@
 // POSTs each order to /events in CloudEvents binary mode (ce-* headers, the
 // order as the body), and the status of the answer says what becomes of it.
 'use strict';
-const http = require('node:http');
+const http = require('http');
 
 // The ce-id of every event handled. The sidecar narrows duplicates, but a
 // producer's resend or a redelivery after a lost answer still reaches the
