@@ -49,11 +49,19 @@ message went. Ctrl-C stops it cleanly.
 --handler grpc runs the demo app as a gRPC MessageHandler instead of an HTTP
 endpoint, with the same answers. --app URL hands the orders to your own app
 instead (any handler.url form, e.g. grpc://127.0.0.1:9000): each order is a
-JSON body {"id": ..., "kind": "ok|flaky|bad|down"}.`,
+JSON body {"id": ..., "kind": "ok|flaky|early|bad|down"}, with its id as ce-id;
+once the first order is handled it is published again, with the same ce-id,
+as a producer's resend would be. The account then shows each order's retries
+and deferrals too, read from the retry topics. --batch N hands the app up to N
+orders a request (CloudEvents batched mode).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.handler != "http" && o.handler != "grpc" {
 				return &exitError{code: exitConfig, err: fmt.Errorf("--handler: want http or grpc, got %q", o.handler)}
+			}
+			if o.batch > 1 && o.app == "" {
+				// The demo apps answer one order a request.
+				return &exitError{code: exitConfig, err: errors.New("--batch: only with --app")}
 			}
 			return runDev(cmd.Context(), cmd.OutOrStdout(), o)
 		},
@@ -63,6 +71,7 @@ JSON body {"id": ..., "kind": "ok|flaky|bad|down"}.`,
 	cmd.Flags().BoolVar(&o.untilEnd, "exit-when-done", false, "exit once every order is handled or dead-lettered")
 	cmd.Flags().StringVar(&o.handler, "handler", "http", "the demo app's transport: http or grpc")
 	cmd.Flags().StringVar(&o.app, "app", "", "hand the orders to the app at this URL instead of the demo app (http://, grpc://, ...)")
+	cmd.Flags().IntVar(&o.batch, "batch", 1, "with --app, hand the app up to this many orders a request (handler.batch.max_messages)")
 	cmd.Flags().StringVar(&o.admin, "admin", "127.0.0.1:0", "serve the admin API here (a free port by default), with a token made for the run; \"\" turns it off")
 	return cmd
 }
@@ -74,16 +83,20 @@ type devOptions struct {
 	untilEnd bool
 	handler  string // the demo app's transport
 	app      string // an app of the user's own, instead of the demo app
+	batch    int    // handler.batch.max_messages
 	admin    string // the admin API's address; "" turns it off
 }
 
 // devOrder is the demo's message body.
 type devOrder struct {
 	ID   string `json:"id"`
-	Kind string `json:"kind"` // ok, flaky, bad, down
+	Kind string `json:"kind"` // ok, flaky, early, bad, down
 }
 
-func devKind(i int) string {
+// devKind is the kind of the i-th order (from 0). Only an app of the user's
+// own gets early orders, whose precondition it finds unmet at first: the
+// demo app's answers stay what they have always been.
+func devKind(i int, app bool) string {
 	switch {
 	case i%10 == 4:
 		return "bad"
@@ -91,6 +104,8 @@ func devKind(i int) string {
 		return "down"
 	case i%5 == 2:
 		return "flaky"
+	case app && i%7 == 5:
+		return "early"
 	}
 	return "ok"
 }
@@ -111,6 +126,9 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 	defer os.RemoveAll(dir)
 
 	acct := &devAccount{out: out, start: time.Now(), state: map[string]string{}, demo: o.app == ""}
+	if !acct.demo && messages > 0 {
+		acct.again = againWaiting
+	}
 	appURL, appAddr := o.app, redact.URL(o.app)
 	var hk hooks
 	adminAddr := make(chan string, 1)
@@ -143,6 +161,10 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 	cfg.Handler.URL = appURL
 	cfg.Handler.Timeout = config.Duration(2 * time.Second)
 	cfg.Handler.MaxConcurrency = 8
+	if o.batch > 1 {
+		// Long enough for the orders produced meanwhile to share a request.
+		cfg.Handler.Batch = config.Batch{MaxMessages: o.batch, MaxWait: config.Duration(100 * time.Millisecond)}
+	}
 	declare := true
 	cfg.Sources = []config.Source{{Name: "demo", Kafka: &config.Kafka{
 		Brokers: brokers, Topic: devTopic, Group: devGroup, Ordering: "none", Declare: &declare, MaxInFlight: 32,
@@ -199,7 +221,7 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 	}()
 	go func() {
 		defer wg.Done()
-		devWatchDLQ(ctx, brokers, acct)
+		devWatch(ctx, brokers, acct)
 	}()
 	if o.untilEnd {
 		go func() {
@@ -228,7 +250,21 @@ type devAccount struct {
 	calls    int
 	produced int
 	demo     bool // the demo app answers, and counts the calls
+	// again is how far the resend of the first order has got (an app of
+	// the user's own only); againID is that order's id.
+	again   againState
+	againID string
+	retried map[string]bool // id/attempt of each retry copy reported
 }
+
+// againState is how far the resend of an order already handled has got.
+type againState int
+
+const (
+	againNone    againState = iota // no resend: the demo app, or nothing to resend
+	againWaiting                   // waiting for the first order to be settled
+	againSent                      // published again, not yet settled again
+)
 
 // called records one call the demo app answered with ans, named by words.
 func (a *devAccount) called(id, attempt, words string, ans devAnswer) {
@@ -243,10 +279,27 @@ func (a *devAccount) called(id, attempt, words string, ans devAnswer) {
 
 // handled records that an app of the user's own handled id.
 func (a *devAccount) handled(id string) {
-	a.line("%s  handled by the app", id)
+	a.mu.Lock()
+	again := a.again == againSent && id == a.againID
+	a.mu.Unlock()
+	if again {
+		a.line("%s  resend answered 2xx by the app (its log says whether it did the work twice)", id)
+	} else {
+		a.line("%s  handled by the app", id)
+	}
+	a.settled(id, "ok")
+}
+
+// settled records id's fate: ok or dead.
+func (a *devAccount) settled(id, fate string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.state[id] = "ok"
+	if a.again == againSent && id == a.againID {
+		// The resend's own fate; the order's stays the first one's.
+		a.again = againNone
+		return
+	}
+	a.state[id] = fate
 }
 
 func (a *devAccount) line(format string, args ...any) {
@@ -258,7 +311,7 @@ func (a *devAccount) line(format string, args ...any) {
 func (a *devAccount) finished(messages int) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.produced == messages && len(a.state) == messages
+	return a.produced == messages && len(a.state) == messages && a.again == againNone
 }
 
 func (a *devAccount) totals(messages int) {
@@ -320,15 +373,8 @@ func devProduce(ctx context.Context, brokers []string, messages int, every time.
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for i := range messages {
-		o := devOrder{ID: fmt.Sprintf("order-%04d", i+1), Kind: devKind(i)}
-		body, _ := json.Marshal(o)
-		rec := &kgo.Record{Topic: devTopic, Key: []byte(o.ID), Value: body, Headers: []kgo.RecordHeader{
-			{Key: "ce_id", Value: []byte(o.ID)}, {Key: "ce_type", Value: []byte("demo.order")}, {Key: "content-type", Value: []byte("application/json")},
-		}}
-		if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
-			if !errors.Is(err, context.Canceled) {
-				acct.line("producer: %v", err)
-			}
+		o := devOrder{ID: fmt.Sprintf("order-%04d", i+1), Kind: devKind(i, !acct.demo)}
+		if !devPublish(ctx, cl, o, acct) {
 			return
 		}
 		acct.mu.Lock()
@@ -341,11 +387,68 @@ func devProduce(ctx context.Context, brokers []string, messages int, every time.
 		case <-t.C:
 		}
 	}
+	devResend(ctx, cl, acct)
 }
 
-// devWatchDLQ reports each dead letter with its reason.
-func devWatchDLQ(ctx context.Context, brokers []string, acct *devAccount) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(kafka.DeadLetterTopic(devTopic, devGroup)),
+// devResend publishes the first order again, with the same ce-id, once the
+// app has handled it: a producer's resend, which the journal does not settle
+// for the app (it is a new message), so the app's own idempotency shows.
+func devResend(ctx context.Context, cl *kgo.Client, acct *devAccount) {
+	id := fmt.Sprintf("order-%04d", 1)
+	for {
+		acct.mu.Lock()
+		waiting, fate := acct.again == againWaiting, acct.state[id]
+		acct.mu.Unlock()
+		if !waiting {
+			return
+		}
+		if fate != "" {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	acct.mu.Lock()
+	if acct.state[id] != "ok" {
+		acct.again = againNone // a dead letter is not sent again
+		acct.mu.Unlock()
+		return
+	}
+	acct.again, acct.againID = againSent, id
+	acct.mu.Unlock()
+	acct.line("%s  published again with the same ce-id (a producer's resend)", id)
+	devPublish(ctx, cl, devOrder{ID: id, Kind: devKind(0, true)}, acct)
+}
+
+// devPublish produces order o, keyed and ce-id'd by its id, and reports
+// whether it was produced.
+func devPublish(ctx context.Context, cl *kgo.Client, o devOrder, acct *devAccount) bool {
+	body, _ := json.Marshal(o)
+	rec := &kgo.Record{Topic: devTopic, Key: []byte(o.ID), Value: body, Headers: []kgo.RecordHeader{
+		{Key: "ce_id", Value: []byte(o.ID)}, {Key: "ce_type", Value: []byte("demo.order")}, {Key: "content-type", Value: []byte("application/json")},
+	}}
+	if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+		if !errors.Is(err, context.Canceled) {
+			acct.line("producer: %v", err)
+		}
+		return false
+	}
+	return true
+}
+
+// devWatch reports each dead letter with its reason and, for an app of the
+// user's own (whose answers the account does not see), each retry copy with
+// the answer that made it: the sidecar's own record of what it did.
+func devWatch(ctx context.Context, brokers []string, acct *devAccount) {
+	dlq := kafka.DeadLetterTopic(devTopic, devGroup)
+	topics := []string{dlq}
+	if !acct.demo {
+		topics = append(topics, kafka.RetryTopic(devTopic, devGroup, time.Second), kafka.RetryTopic(devTopic, devGroup, 3*time.Second))
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topics...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200*time.Millisecond))
 	if err != nil {
 		return
@@ -354,7 +457,7 @@ func devWatchDLQ(ctx context.Context, brokers []string, acct *devAccount) {
 	for ctx.Err() == nil {
 		f := cl.PollFetches(ctx)
 		f.EachRecord(func(r *kgo.Record) {
-			var id, reason, why, attempt string
+			var id, reason, why, attempt, class string
 			for _, h := range r.Headers {
 				switch h.Key {
 				case broker.HeaderEventID:
@@ -365,12 +468,36 @@ func devWatchDLQ(ctx context.Context, brokers []string, acct *devAccount) {
 					why = string(h.Value)
 				case broker.HeaderAttempt:
 					attempt = string(h.Value)
+				case broker.HeaderErrorClass:
+					class = string(h.Value)
 				}
 			}
-			acct.line("%s  dead-lettered after %s attempt(s): %s (%s)", id, attempt, reason, why)
-			acct.mu.Lock()
-			acct.state[id] = "dead"
-			acct.mu.Unlock()
+			if r.Topic == dlq {
+				acct.line("%s  dead-lettered after %s attempt(s): %s (%s)", id, attempt, reason, why)
+				acct.settled(id, "dead")
+				return
+			}
+			acct.retry(id, attempt, class, why)
 		})
 	}
+}
+
+// retry reports the retry copy of id made after attempt, once: a copy
+// delayed again (it needed a longer wait than its tier) is the same retry.
+func (a *devAccount) retry(id, attempt, class, why string) {
+	a.mu.Lock()
+	if a.retried == nil {
+		a.retried = map[string]bool{}
+	}
+	seen := a.retried[id+"/"+attempt]
+	a.retried[id+"/"+attempt] = true
+	a.mu.Unlock()
+	if seen {
+		return
+	}
+	if class == "defer" {
+		a.line("%s  attempt %s  → deferred: tried again later, not counted as a failure (%s)", id, attempt, why)
+		return
+	}
+	a.line("%s  attempt %s  → %s: retried later (%s)", id, attempt, class, why)
 }
