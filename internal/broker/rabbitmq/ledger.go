@@ -118,6 +118,10 @@ func (l *StreamLog) Read(ctx context.Context, from map[int32]int64, each func(pa
 		if off < 0 {
 			return true
 		}
+		// The delivery itself goes along: a replay republishes the
+		// original's properties (correlation id, reply-to, priority,
+		// timestamp, app id, encoding) and its typed headers from it.
+		native := *d
 		m := &broker.Message{
 			Body:        d.Body,
 			ContentType: d.ContentType,
@@ -125,6 +129,7 @@ func (l *StreamLog) Read(ctx context.Context, from map[int32]int64, each func(pa
 			Type:        d.Type,
 			Headers:     stringHeaders(d.Headers),
 			Position:    fmt.Sprintf("rabbitmq:%s/%d", l.queue, off),
+			Native:      &native,
 		}
 		delete(m.Headers, streamOffsetArg)
 		failed = each(noPartition, off, d.Timestamp, m)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -127,5 +128,63 @@ func TestRepublishToAMissingQueueFails(t *testing.T) {
 	trail := broker.Headers{broker.HeaderEventID: "m-1", broker.HeaderReplayID: "r-1"}
 	if err := c.Republish(context.Background(), msg, trail); !errors.Is(err, ErrUnroutable) {
 		t.Fatalf("republish to a deleted queue = %v, want %v", err, ErrUnroutable)
+	}
+}
+
+// A dead letter read back from its stream and replayed keeps the original's
+// AMQP properties: what the app got the first time is what it gets again.
+func TestReplayedDeadLetterKeepsItsProperties(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ch := channel(t)
+	q := sourceQueue(t, ch, "replay-props")
+	c := connected(t, q)
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	orig := &amqp.Delivery{Body: []byte(`{"n":1}`), ContentType: "application/json", ContentEncoding: "identity",
+		MessageId: "m-1", Type: "order.placed", CorrelationId: "corr-1", ReplyTo: "replies", Priority: 3,
+		Timestamp: at, AppId: "shop", Headers: amqp.Table{"x-count": int32(7)}}
+	msg := &broker.Message{Body: orig.Body, ContentType: orig.ContentType, MessageID: orig.MessageId, Type: orig.Type, Native: orig}
+	dead := broker.Trail{EventID: "ev-1", Attempt: 1, Hops: 1, DeadReason: "permanent"}
+	trail := dead.Headers()
+	if err := c.Transfer(ctx, broker.Destination{DeadLetter: true}, msg, trail); err != nil {
+		t.Fatal(err)
+	}
+	var letters []*broker.Message
+	if err := c.DeadLetterLog().Read(ctx, nil, func(_ int32, _ int64, _ time.Time, m *broker.Message) error {
+		letters = append(letters, m)
+		return nil
+	}); err != nil || len(letters) != 1 {
+		t.Fatalf("read the dead letter back: %d, %v", len(letters), err)
+	}
+	replay := broker.Headers{broker.HeaderEventID: "ev-1", broker.HeaderReplayID: "r-1"}
+	if err := c.Republish(ctx, letters[0], replay); err != nil {
+		t.Fatal(err)
+	}
+	d, ok, err := ch.Get(q, true)
+	if err != nil || !ok {
+		t.Fatalf("get the replayed copy: %v, %v", ok, err)
+	}
+	if d.ContentType != orig.ContentType || d.ContentEncoding != orig.ContentEncoding || d.MessageId != orig.MessageId ||
+		d.Type != orig.Type || d.CorrelationId != orig.CorrelationId || d.ReplyTo != orig.ReplyTo ||
+		d.Priority != orig.Priority || !d.Timestamp.Equal(at) || d.AppId != orig.AppId {
+		t.Errorf("replayed copy's properties %+v, want the original's %+v", d, orig)
+	}
+	if d.Headers["x-count"] != int32(7) || d.Headers[broker.HeaderReplayID] != "r-1" || d.Headers[broker.HeaderDeadReason] != nil {
+		t.Errorf("replayed copy's headers %v", d.Headers)
+	}
+
+	// Repaired before the replay: the new body goes as given, without the
+	// encoding that described the old one; the other properties stay.
+	repaired := *letters[0]
+	repaired.Body = []byte(`{"n":2}`)
+	if err := c.Republish(ctx, &repaired, replay); err != nil {
+		t.Fatal(err)
+	}
+	d, ok, err = ch.Get(q, true)
+	if err != nil || !ok {
+		t.Fatalf("get the repaired copy: %v, %v", ok, err)
+	}
+	if string(d.Body) != `{"n":2}` || d.ContentEncoding != "" || d.CorrelationId != orig.CorrelationId {
+		t.Errorf("repaired copy: body %s, encoding %q, correlation id %q", d.Body, d.ContentEncoding, d.CorrelationId)
 	}
 }

@@ -1,6 +1,7 @@
 package rabbitmq
 
 import (
+	"bytes"
 	"strconv"
 	"strings"
 	"time"
@@ -96,7 +97,11 @@ func copyOf(msg *broker.Message, trail broker.Headers) amqp.Publishing {
 	if d, ok := msg.Native.(*amqp.Delivery); ok {
 		// Expiration is dropped: the copy would expire in its delay queue.
 		// UserId is dropped: the broker rejects one that is not ours.
-		p.ContentEncoding = d.ContentEncoding
+		if bytes.Equal(msg.Body, d.Body) {
+			// The encoding describes the original's bytes: a body
+			// repaired before a replay is sent as the operator gave it.
+			p.ContentEncoding = d.ContentEncoding
+		}
 		p.Priority = d.Priority
 		p.CorrelationId = d.CorrelationId
 		p.ReplyTo = d.ReplyTo
