@@ -28,6 +28,9 @@ type memLog struct {
 	// writer slipping in).
 	beforeAppend func()
 	appends      int
+	// failing, when set, is what First and Read return instead of
+	// working (a broker down or refusing).
+	failing error
 }
 
 type memEntry struct {
@@ -58,6 +61,9 @@ func (l *memLog) truncate(p int32, first int64) {
 func (l *memLog) First(context.Context) (map[int32]int64, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.failing != nil {
+		return nil, l.failing
+	}
 	out := map[int32]int64{}
 	for p, es := range l.parts {
 		if len(es) > 0 {
@@ -69,6 +75,10 @@ func (l *memLog) First(context.Context) (map[int32]int64, error) {
 
 func (l *memLog) Read(ctx context.Context, from map[int32]int64, each ReadFunc) error {
 	l.mu.Lock()
+	if l.failing != nil {
+		defer l.mu.Unlock()
+		return l.failing
+	}
 	parts := map[int32][]memEntry{}
 	for p, es := range l.parts {
 		parts[p] = es[:len(es):len(es)]

@@ -456,6 +456,7 @@ func (m *Manager) Run(ctx context.Context) error {
 		}
 	}()
 	counted := map[string]Counts{}
+	failing := map[string]string{} // source → its catch-up's last error
 	for {
 		for i := range m.o.Sources {
 			src := &m.o.Sources[i]
@@ -464,8 +465,19 @@ func (m *Manager) Run(ctx context.Context) error {
 				return nil
 			}
 			if err != nil {
-				m.log.Warn("dead-letter index: catching up failed; trying again", "source", src.Name, "err", err)
+				// Said once per error, not once a poll: a broker down or
+				// refusing the sidecar is said by the source as well.
+				if failing[src.Name] != err.Error() {
+					m.log.Warn("dead-letter index: catching up failed; trying again every poll", "source", src.Name, "err", err)
+				} else {
+					m.log.Debug("dead-letter index: catching up failed again", "source", src.Name, "err", err)
+				}
+				failing[src.Name] = err.Error()
 				continue
+			}
+			if _, ok := failing[src.Name]; ok {
+				m.log.Info("dead-letter index: catching up again", "source", src.Name)
+				delete(failing, src.Name)
 			}
 			if c.Letters > 0 || c.Records > 0 || c.Expired > 0 {
 				m.log.Debug("dead-letter index caught up", "source", src.Name, "letters", c.Letters, "records", c.Records,

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -381,4 +383,53 @@ func TestReplayRefusesWhatItCannotDo(t *testing.T) {
 	if l.State != Done || l.Approval() == nil || l.Approval().Who != "alice" {
 		t.Fatalf("forced letter %+v", l)
 	}
+}
+
+// lineCounter counts the log lines whose message holds a text.
+type lineCounter struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (c *lineCounter) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.lines = append(c.lines, string(p))
+	return len(p), nil
+}
+
+func (c *lineCounter) count(level, text string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, l := range c.lines {
+		if strings.Contains(l, "level="+level) && strings.Contains(l, text) {
+			n++
+		}
+	}
+	return n
+}
+
+// A catch-up failing poll after poll (a broker down, or refusing the
+// sidecar) is said once, not once a poll; its end is said too.
+func TestCatchUpFailureSaidOnce(t *testing.T) {
+	f := newFixture(t, false)
+	f.dlq.mu.Lock()
+	f.dlq.failing = errors.New("broker refused the login")
+	f.dlq.mu.Unlock()
+	lines := &lineCounter{}
+	m := NewManager(ManagerOptions{Index: f.x, Sources: []ManagedSource{{Source: f.src}}, Replica: "r",
+		Poll: time.Millisecond, Logger: slog.New(slog.NewTextHandler(lines, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = m.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	eventually(t, "ten failed catch-ups", func() bool { return lines.count("DEBUG", "catching up failed again") >= 10 })
+	if n := lines.count("WARN", "catching up failed"); n != 1 {
+		t.Errorf("%d warnings for one failure that went on", n)
+	}
+	f.dlq.mu.Lock()
+	f.dlq.failing = nil
+	f.dlq.mu.Unlock()
+	eventually(t, "the catch-up back", func() bool { return lines.count("INFO", "catching up again") == 1 })
 }
