@@ -78,6 +78,14 @@ type Delivery interface {
 	Lost() <-chan struct{}
 }
 
+// Fenced is a Delivery whose hand-out is being made durable: a Kafka
+// partition's handed-out mark, which flags the record redelivered if it
+// comes again after a crash. No call may be made for it before Durable is
+// closed; nil means nothing to wait for.
+type Fenced interface {
+	Durable() <-chan struct{}
+}
+
 // Destination names where a copy goes.
 type Destination struct {
 	// DeadLetter selects the dead-letter destination; otherwise the copy goes

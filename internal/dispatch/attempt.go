@@ -71,6 +71,13 @@ func (h *handoff) attempt(ctx context.Context) {
 			h.deadLetter(ctx, budget.ReasonDeadline)
 			return
 		}
+		if !h.fenced(ctx) {
+			// Stopping while the hand-out was being made durable: no call
+			// was made, and nothing is written.
+			e.limiter.Release(0)
+			h.handBack()
+			return
+		}
 		req.Timeout = min(e.o.Timeout, t.Deadline.Sub(now))
 		if recorded != req.Attempt {
 			// Written once the call is sure to be made, before it: a crash
@@ -188,4 +195,23 @@ func (h *handoff) wait(ctx context.Context, due time.Time) bool {
 	case <-h.d.Lost():
 	}
 	return false
+}
+
+// fenced waits until the delivery's hand-out is durable (broker.Fenced),
+// which a call must not precede; false when ctx ended first.
+func (h *handoff) fenced(ctx context.Context) bool {
+	f, ok := h.d.(broker.Fenced)
+	if !ok {
+		return true
+	}
+	ch := f.Durable()
+	if ch == nil {
+		return true
+	}
+	select {
+	case <-ch:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }

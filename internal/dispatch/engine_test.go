@@ -338,3 +338,49 @@ func TestTooLargeIsDeadLetteredUnread(t *testing.T) {
 		t.Errorf("the app was called %d times, want once (the message that fits)", len(r.app.attempts))
 	}
 }
+
+// fencedDelivery is a delivery whose hand-out is made durable when durable
+// is closed.
+type fencedDelivery struct {
+	*fakeDelivery
+	durable chan struct{}
+}
+
+func (d *fencedDelivery) Durable() <-chan struct{} { return d.durable }
+
+// No call is made for a delivery before its hand-out is durable (a Kafka
+// partition's handed-out mark); once it is, the call goes ahead.
+func TestNoCallBeforeTheHandOutIsDurable(t *testing.T) {
+	r := newRig(t, budget.Success)
+	d := &fencedDelivery{fakeDelivery: r.delivery("a"), durable: make(chan struct{})}
+	e := r.engine(4, d)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	// Taken, and holding a slot for its call: the walk is at the fence.
+	// A call that did not wait would come within the window after.
+	deadline := time.Now().Add(30 * time.Second)
+	for e.Status().InFlight == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
+	r.app.mu.Lock()
+	calls := len(r.app.attempts)
+	r.app.mu.Unlock()
+	if calls != 0 || r.app.inFlight.Load() != 0 {
+		t.Fatalf("%d calls before the hand-out was durable", calls+int(r.app.inFlight.Load()))
+	}
+	close(d.durable)
+	for len(r.snapshot()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := kinds(r.snapshot()); len(got) != 1 || got[0] != "ack" {
+		t.Fatalf("events = %v, want the call made and acked once durable", got)
+	}
+}

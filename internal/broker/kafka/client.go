@@ -103,7 +103,7 @@ type Client struct {
 	mu    sync.Mutex
 	parts map[topicPartition]*partition
 
-	timers sync.WaitGroup // resume timers of paused partitions
+	timers sync.WaitGroup // resume timers of paused partitions, and marks being written
 	closed chan struct{}
 	once   sync.Once
 }
@@ -127,9 +127,12 @@ type partition struct {
 	// clients only); -1 before the first.
 	committed int64
 	// handedBefore is the highest offset handed out before this
-	// assignment, by the marks (-1: none); marked is the highest offset
-	// whose mark is durable. Both belong to the poll loop once assigned.
-	handedBefore, marked int64
+	// assignment, by the marks (-1: none). markTarget is the highest mark
+	// asked for, and markPending closed once it is written; both belong to
+	// the poll loop. markDurable is the highest mark written.
+	handedBefore, markTarget int64
+	markPending              <-chan struct{}
+	markDurable              atomic.Int64
 
 	mu  sync.Mutex
 	out map[*delivery]struct{} // handed out, neither acked nor released
@@ -257,12 +260,14 @@ func (c *Client) assigned(_ context.Context, _ *kgo.Client, assigned map[string]
 	for topic, ps := range assigned {
 		for _, p := range ps {
 			tp := topicPartition{topic, p}
-			st := &partition{tp: tp, lost: make(chan struct{}), out: map[*delivery]struct{}{}, committed: -1, handedBefore: -1, marked: -1}
+			st := &partition{tp: tp, lost: make(chan struct{}), out: map[*delivery]struct{}{}, committed: -1, handedBefore: -1, markTarget: -1}
+			st.markDurable.Store(-1)
 			if c.o.Marks != nil {
 				if v, ok, err := c.o.Marks.Mark(c.markName(tp)); err != nil {
 					c.log.Warn("reading the handed-out mark failed; redeliveries of this partition may go unflagged", "fetch_topic", tp.topic, "partition", tp.partition, "err", err)
 				} else if ok {
-					st.handedBefore, st.marked = v, v
+					st.handedBefore, st.markTarget = v, v
+					st.markDurable.Store(v)
 				}
 			}
 			c.parts[tp] = st
@@ -391,6 +396,9 @@ func (c *Client) Consume(ctx context.Context, deliver func(broker.Delivery)) err
 					return
 				}
 				d := c.newDelivery(st, r)
+				if r.Offset > st.markDurable.Load() {
+					d.durable = st.markPending
+				}
 				// Revoked while this waited for a slot: its records are the
 				// next owner's. Checked under st.mu, which the revoke's
 				// sweep of st.out takes after closing lost, so every
@@ -421,10 +429,22 @@ func (c *Client) markName(tp topicPartition) string {
 	return "kafka/" + c.o.Group + "/" + tp.topic + "/" + strconv.Itoa(int(tp.partition))
 }
 
-// markHandedOut makes durable, before they are handed out, the highest
-// offset of each partition's records that Consume is about to hand out:
-// one journal commit for the whole poll.
+// markAhead is how far past the last record handed out a partition's mark
+// is set: a mark is written once per so many records, not once a poll, and
+// the next is written while half of them are still ahead, so a call rarely
+// waits for one. After a crash, up to this many records past the last one
+// handed out come flagged redelivered although they never reached the app.
+func (c *Client) markAhead() int64 { return int64(max(c.o.MaxInFlight, 64)) }
+
+// markHandedOut starts writing, in one journal commit for the whole poll,
+// the marks of the partitions whose records about to be handed out reach
+// past (or near) what their marks cover. The records are handed out at
+// once: a delivery above its partition's durable mark carries the pending
+// write, which the engine waits for before it calls the app, so the commit
+// overlaps the hand-off's own work, and most calls wait for none.
 func (c *Client) markHandedOut(ctx context.Context, fetches kgo.Fetches) {
+	ahead := c.markAhead()
+	var renewed []*partition
 	marks := map[string]int64{}
 	fetches.EachPartition(func(ftp kgo.FetchTopicPartition) {
 		st := c.partition(ftp.Topic, ftp.Partition)
@@ -443,17 +463,40 @@ func (c *Client) markHandedOut(ctx context.Context, fetches kgo.Fetches) {
 			}
 			top = r.Offset
 		}
-		if top > st.marked {
-			marks[c.markName(st.tp)] = top
-			st.marked = top
+		if top >= 0 && top > st.markTarget-ahead/2 {
+			st.markTarget = top + ahead
+			marks[c.markName(st.tp)] = st.markTarget
+			renewed = append(renewed, st)
 		}
 	})
 	if len(marks) == 0 {
 		return
 	}
-	if err := c.o.Marks.SetMarks(ctx, marks); err != nil && ctx.Err() == nil {
-		c.log.Warn("writing the handed-out marks failed; after a crash now, repeated calls may not say redelivered", "err", err)
+	done := make(chan struct{})
+	targets := make([]int64, len(renewed))
+	for i, st := range renewed {
+		st.markPending = done
+		targets[i] = st.markTarget
 	}
+	c.timers.Add(1)
+	go func() {
+		defer c.timers.Done()
+		defer close(done)
+		if err := c.o.Marks.SetMarks(ctx, marks); err != nil {
+			if ctx.Err() == nil {
+				c.log.Warn("writing the handed-out marks failed; after a crash now, repeated calls may not say redelivered", "err", err)
+			}
+			return
+		}
+		for i, st := range renewed {
+			for {
+				cur := st.markDurable.Load()
+				if cur >= targets[i] || st.markDurable.CompareAndSwap(cur, targets[i]) {
+					break
+				}
+			}
+		}
+	}()
 }
 
 // pauseUntil pauses st and rewinds it, so r is fetched again once the

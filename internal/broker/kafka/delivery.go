@@ -17,9 +17,17 @@ type delivery struct {
 	st  *partition
 	r   *kgo.Record
 	msg broker.Message
+	// durable is closed once the poll's handed-out marks are written.
+	durable <-chan struct{}
 }
 
-var _ broker.Delivery = (*delivery)(nil)
+var (
+	_ broker.Delivery = (*delivery)(nil)
+	_ broker.Fenced   = (*delivery)(nil)
+)
+
+// Durable is closed once the record's handed-out mark is in the journal.
+func (d *delivery) Durable() <-chan struct{} { return d.durable }
 
 func (c *Client) newDelivery(st *partition, r *kgo.Record) *delivery {
 	d := &delivery{c: c, st: st, r: r}

@@ -480,22 +480,33 @@ func (m *memMarks) SetMarks(_ context.Context, marks map[string]int64) error {
 
 // A record handed out before, and not committed, comes again after a
 // restart flagged Redelivered: Kafka has no such flag; the mark written
-// before the record was handed out says so. Records past the mark do not.
+// before the record was called for says so. The mark runs markAhead past
+// the last record handed out (one write per so many records): those records
+// come flagged too, and the ones past it do not.
 func TestHandedOutMarkFlagsRedeliveries(t *testing.T) {
 	addrs := cluster(t, "orders")
 	for i := range 5 {
 		produce(t, addrs, &kgo.Record{Topic: "orders", Value: []byte(fmt.Sprint(i))})
 	}
 	marks := &memMarks{m: map[string]int64{}}
-	c := newClientWith(t, Options{Brokers: addrs, Topic: "orders", Marks: marks})
+	c := newClientWith(t, Options{Brokers: addrs, Topic: "orders", Marks: marks, MaxInFlight: 8})
+	ahead := c.markAhead()
 	ds := consume(t, c, 5, 10*time.Second)
 	for _, d := range ds {
 		if d.Message().Redelivered {
 			t.Errorf("first delivery of %s says redelivered", d.Message().Body)
 		}
+		// Called only once the mark is durable: the engine waits for this.
+		if ch := d.(broker.Fenced).Durable(); ch != nil {
+			select {
+			case <-ch:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("the hand-out of %s never became durable", d.Message().Body)
+			}
+		}
 	}
-	if v, _, _ := marks.Mark("kafka/g/orders/0"); v != 4 {
-		t.Fatalf("mark = %d, want 4 (the last offset handed out)", v)
+	if v, _, _ := marks.Mark("kafka/g/orders/0"); v != 4+ahead {
+		t.Fatalf("mark = %d, want %d (the last offset handed out, and markAhead more)", v, 4+ahead)
 	}
 	_ = ds[0].Ack()
 	_ = ds[1].Ack()
@@ -507,13 +518,17 @@ func TestHandedOutMarkFlagsRedeliveries(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	produce(t, addrs, &kgo.Record{Topic: "orders", Value: []byte("5")})
-	c2 := newClientWith(t, Options{Brokers: addrs, Topic: "orders", Marks: marks})
-	ds = consume(t, c2, 4, 10*time.Second)
+	last := 4 + ahead + 1 // the first offset past the mark
+	for i := int64(5); i <= last; i++ {
+		produce(t, addrs, &kgo.Record{Topic: "orders", Value: []byte(fmt.Sprint(i))})
+	}
+	c2 := newClientWith(t, Options{Brokers: addrs, Topic: "orders", Marks: marks, MaxInFlight: 256})
+	ds = consume(t, c2, int(last-1), 10*time.Second)
 	for _, d := range ds {
 		m := d.Message()
-		if want := string(m.Body) != "5"; m.Redelivered != want {
-			t.Errorf("record %s: redelivered = %v, want %v", m.Body, m.Redelivered, want)
+		off, _ := strconv.ParseInt(string(m.Body), 10, 64)
+		if want := off <= 4+ahead; m.Redelivered != want {
+			t.Errorf("record %d: redelivered = %v, want %v", off, m.Redelivered, want)
 		}
 		_ = d.Ack()
 	}
