@@ -83,6 +83,21 @@ func testStaticRestartWhilePaused(t *testing.T, addrs []string, topic, group str
 	// The first run: copies due in turn, some now and some in a moment, so
 	// the partitions pause part way; half of what is handed out settles and
 	// half is still in flight when the process stops without leaving.
+	first := newClientWith(t, o)
+	firstRun := startConsuming(first, nil)
+	// Joining the group comes first, and is slow on a loaded machine: the
+	// copies are made once the retry partitions are this member's, so the
+	// ones due in a moment are not yet due when they are fetched.
+	waitUntil(t, 30*time.Second, "the retry partitions assigned", func() bool {
+		first.mu.Lock()
+		defer first.mu.Unlock()
+		for tp := range first.parts {
+			if tp.topic == rt {
+				return true
+			}
+		}
+		return false
+	})
 	now := time.Now()
 	var recs []*kgo.Record
 	for i := range copies {
@@ -93,9 +108,6 @@ func testStaticRestartWhilePaused(t *testing.T, addrs []string, topic, group str
 		recs = append(recs, retryCopy(rt, fmt.Sprintf("copy-%02d", i), due))
 	}
 	produce(t, addrs, recs...)
-	first := newClientWith(t, o)
-	firstRun := startConsuming(first, nil)
-	// Joining the group comes first: slow on a loaded machine.
 	waitUntil(t, 30*time.Second, "a retry partition paused", func() bool { return paused(first, rt) })
 	firstRun.stop()
 	settled := map[string]bool{}
