@@ -77,12 +77,6 @@ type Options struct {
 	Now func() time.Time
 }
 
-// Marks stores named high-water marks durably (the journal).
-type Marks interface {
-	Mark(name string) (int64, bool, error)
-	SetMarks(ctx context.Context, marks map[string]int64) error
-}
-
 // Client consumes a topic and its retry topics in one consumer group and
 // produces copies. Consume runs its poll loop; Transfer may be called
 // concurrently; Close commits and leaves the group.
@@ -421,82 +415,6 @@ func (c *Client) Consume(ctx context.Context, deliver func(broker.Delivery)) err
 			return nil
 		}
 	}
-}
-
-// markName is the name of tp's handed-out mark: per group, since each group
-// consumes the topic on its own.
-func (c *Client) markName(tp topicPartition) string {
-	return "kafka/" + c.o.Group + "/" + tp.topic + "/" + strconv.Itoa(int(tp.partition))
-}
-
-// markAhead is how far past the last record handed out a partition's mark
-// is set: a mark is written once per so many records, not once a poll, and
-// the next is written while half of them are still ahead, so a call rarely
-// waits for one. After a crash, up to this many records past the last one
-// handed out come flagged redelivered although they never reached the app.
-func (c *Client) markAhead() int64 { return int64(max(c.o.MaxInFlight, 64)) }
-
-// markHandedOut starts writing, in one journal commit for the whole poll,
-// the marks of the partitions whose records about to be handed out reach
-// past (or near) what their marks cover. The records are handed out at
-// once: a delivery above its partition's durable mark carries the pending
-// write, which the engine waits for before it calls the app, so the commit
-// overlaps the hand-off's own work, and most calls wait for none.
-func (c *Client) markHandedOut(ctx context.Context, fetches kgo.Fetches) {
-	ahead := c.markAhead()
-	var renewed []*partition
-	marks := map[string]int64{}
-	fetches.EachPartition(func(ftp kgo.FetchTopicPartition) {
-		st := c.partition(ftp.Topic, ftp.Partition)
-		if st == nil {
-			return
-		}
-		top := int64(-1)
-		for _, r := range ftp.Records {
-			if r.Offset < st.from.Load() {
-				continue
-			}
-			if c.retry[r.Topic] {
-				if due, ok := nextDue(r); ok && c.now().Before(due) {
-					break // paused here: the rest is fetched again later
-				}
-			}
-			top = r.Offset
-		}
-		if top >= 0 && top > st.markTarget-ahead/2 {
-			st.markTarget = top + ahead
-			marks[c.markName(st.tp)] = st.markTarget
-			renewed = append(renewed, st)
-		}
-	})
-	if len(marks) == 0 {
-		return
-	}
-	done := make(chan struct{})
-	targets := make([]int64, len(renewed))
-	for i, st := range renewed {
-		st.markPending = done
-		targets[i] = st.markTarget
-	}
-	c.timers.Add(1)
-	go func() {
-		defer c.timers.Done()
-		defer close(done)
-		if err := c.o.Marks.SetMarks(ctx, marks); err != nil {
-			if ctx.Err() == nil {
-				c.log.Warn("writing the handed-out marks failed; after a crash now, repeated calls may not say redelivered", "err", err)
-			}
-			return
-		}
-		for i, st := range renewed {
-			for {
-				cur := st.markDurable.Load()
-				if cur >= targets[i] || st.markDurable.CompareAndSwap(cur, targets[i]) {
-					break
-				}
-			}
-		}
-	}()
 }
 
 // pauseUntil pauses st and rewinds it, so r is fetched again once the
