@@ -15,10 +15,17 @@ import (
 // rabbitLocal runs scripts/rabbitmq-local with args.
 func rabbitLocal(t *testing.T, args ...string) {
 	t.Helper()
-	brokertest.SkipShort(t, "RabbitMQ")
-	out, err := exec.Command(filepath.Join("..", "..", "scripts", "rabbitmq-local"), args...).CombinedOutput()
+	localScript(t, "rabbitmq-local", "RabbitMQ", args...)
+}
+
+// localScript runs one of the scripts that start the local brokers, which a
+// test under -short does not get to.
+func localScript(t *testing.T, script, needs string, args ...string) {
+	t.Helper()
+	brokertest.SkipShort(t, needs)
+	out, err := exec.Command(filepath.Join("..", "..", "scripts", script), args...).CombinedOutput()
 	if err != nil {
-		t.Fatalf("scripts/rabbitmq-local %v: %v\n%s", args, err, out)
+		t.Fatalf("scripts/%s %v: %v\n%s", script, args, err, out)
 	}
 }
 

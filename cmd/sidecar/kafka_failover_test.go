@@ -3,15 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"handoff.dev/handoff/internal/broker/brokertest"
 	"handoff.dev/handoff/internal/broker/kafka"
 	"handoff.dev/handoff/internal/config"
 )
@@ -19,11 +16,7 @@ import (
 // kafkaLocal runs scripts/kafka-local with args.
 func kafkaLocal(t *testing.T, args ...string) {
 	t.Helper()
-	brokertest.SkipShort(t, "Apache Kafka")
-	out, err := exec.Command(filepath.Join("..", "..", "scripts", "kafka-local"), args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("scripts/kafka-local %v: %v\n%s", args, err, out)
-	}
+	localScript(t, "kafka-local", "Apache Kafka", args...)
 }
 
 // TestKafkaBrokerFailover streams a mixed workload through the sidecar from

@@ -97,7 +97,7 @@ func copyOf(msg *broker.Message, trail broker.Headers) amqp.Publishing {
 	if d, ok := msg.Native.(*amqp.Delivery); ok {
 		// Expiration is dropped: the copy would expire in its delay queue.
 		// UserId is dropped: the broker rejects one that is not ours.
-		if bytes.Equal(msg.Body, d.Body) {
+		if sameBytes(msg.Body, d.Body) {
 			// The encoding describes the original's bytes: a body
 			// repaired before a replay is sent as the operator gave it.
 			p.ContentEncoding = d.ContentEncoding
@@ -124,4 +124,16 @@ func copyOf(msg *broker.Message, trail broker.Headers) amqp.Publishing {
 	}
 	p.Headers = headers
 	return p
+}
+
+// sameBytes reports whether a and b hold the same bytes, at once when they
+// are the same slice (a retry copy's body always is the delivery's).
+func sameBytes(a, b []byte) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	if len(a) == 0 || &a[0] == &b[0] {
+		return true
+	}
+	return bytes.Equal(a, b)
 }
