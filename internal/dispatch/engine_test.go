@@ -365,10 +365,7 @@ func TestNoCallBeforeTheHandOutIsDurable(t *testing.T) {
 	}()
 	// Taken, and holding a slot for its call: the walk is at the fence.
 	// A call that did not wait would come within the window after.
-	deadline := time.Now().Add(30 * time.Second)
-	for e.Status().InFlight == 0 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitUntil(t, func() bool { return e.Status().InFlight > 0 })
 	time.Sleep(100 * time.Millisecond)
 	r.app.mu.Lock()
 	calls := len(r.app.attempts)
@@ -377,9 +374,7 @@ func TestNoCallBeforeTheHandOutIsDurable(t *testing.T) {
 		t.Fatalf("%d calls before the hand-out was durable", calls+int(r.app.inFlight.Load()))
 	}
 	close(d.durable)
-	for len(r.snapshot()) == 0 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitUntil(t, func() bool { return len(r.snapshot()) > 0 })
 	if got := kinds(r.snapshot()); len(got) != 1 || got[0] != "ack" {
 		t.Fatalf("events = %v, want the call made and acked once durable", got)
 	}
