@@ -86,7 +86,7 @@ func journalRepairCmd() *cobra.Command {
 			if rep.Stopped != nil {
 				fmt.Fprintf(cmd.OutOrStdout(), "reading stopped early: %v\n", rep.Stopped)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "new journal %s: %d records kept, %d unreadable records dropped\n", path, rep.Kept, rep.Lost)
+			fmt.Fprintf(cmd.OutOrStdout(), "new journal %s: %d records kept, %d unreadable parts dropped\n", path, rep.Kept, rep.Lost)
 			return nil
 		},
 	}

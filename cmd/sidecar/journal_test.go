@@ -194,8 +194,9 @@ func TestJournalCorruptRepairReset(t *testing.T) {
 	}
 }
 
-// A record whose bytes were damaged fails its checksum: it is shown as
-// unreadable, and repair drops it and keeps the rest.
+// A record whose bytes were damaged fails its part's checksum (the
+// hand-off's records of one commit): the part is shown as unreadable, and
+// repair drops it and keeps the rest.
 func TestJournalDamagedRecord(t *testing.T) {
 	path := sampleJournal(t)
 	b, err := os.ReadFile(path)
@@ -220,11 +221,11 @@ func TestJournalDamagedRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, err := runCLI(t, "journal", "events", "--path", path, "--event", "order-2")
-	if err != nil || !strings.Contains(out, "unreadable   journal: corrupt record: checksum mismatch") {
+	if err != nil || !strings.Contains(out, "unreadable   journal: corrupt record: part checksum mismatch") {
 		t.Errorf("events over a damaged record: %v\n%s", err, out)
 	}
 	out, err = runCLI(t, "journal", "repair", "--path", path)
-	if err != nil || !strings.Contains(out, "17 records kept, 1 unreadable") {
+	if err != nil || !strings.Contains(out, "12 records kept, 1 unreadable part") {
 		t.Errorf("repair: %v\n%s", err, out)
 	}
 }
@@ -235,7 +236,7 @@ func TestJournalRepairKeepsRecords(t *testing.T) {
 	if err != nil {
 		t.Fatalf("repair of a healthy journal: %v\n%s", err, out)
 	}
-	if !strings.Contains(out, "18 records kept, 0 unreadable") {
+	if !strings.Contains(out, "18 records kept, 0 unreadable parts") {
 		t.Errorf("repair output: %s", out)
 	}
 	out, err = runCLI(t, "journal", "events", "--path", path)

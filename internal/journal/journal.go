@@ -2,7 +2,6 @@ package journal
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -89,11 +88,11 @@ type Options struct {
 	// OnCommit, when set, is told each group commit's duration, after it
 	// committed (metrics). It must be cheap.
 	OnCommit func(took time.Duration)
-	// mergeAt and mergeEvery start a merge of the key index (see
-	// recent.go): when this many keys wait, or they have waited this long.
-	// Zero means the defaults; tests set them.
-	mergeAt    int
-	mergeEvery time.Duration
+	// AsyncDelay is how long records nobody waits for (AppendAsync) may
+	// wait for a commit that somebody does, before they are committed on
+	// their own: an fsync for records whose loss costs nothing but a line
+	// of history is one saved. Zero means 5ms; negative, no wait.
+	AsyncDelay time.Duration
 	// OnEvict, when set, is told how many settled hand-offs were dropped
 	// to keep within MaxSize, after each transaction that dropped some
 	// (metrics). It must be cheap.
@@ -127,28 +126,21 @@ func (e *CorruptError) Error() string {
 
 func (e *CorruptError) Unwrap() error { return e.Err }
 
-// Bucket names. A hand-off gets an id, in the order hand-offs first reach
-// the journal, and its records are keyed by that id: the records of the
-// messages in flight all land at the end of the tree, so a commit dirties a
-// few pages, not one page per record as keys by event id (random, like
-// UUIDs) would. Only the key → id index takes one write at a random place,
-// once per hand-off.
+// Bucket names. The records are an append-only log (part.go): one value
+// per group commit under an increasing sequence number, so a commit writes
+// at the end of one tree however random the event ids are, and the oldest
+// history is dropped by sequence ranges. The index of events is in memory
+// and in the index bucket's segments (index.go).
 var (
-	bucketIDs     = []byte("ids")     // key → id
-	bucketRecords = []byte("records") // id ‖ seq → record, and id ‖ 0 → key
-	bucketPending = []byte("pending") // id → opened-at ‖ hop: hand-offs not yet settled
-	bucketExpiry  = []byte("expiry")  // settled-at ‖ id → nothing: the retention index
-	bucketMeta    = []byte("meta")
-	metaFormat    = []byte("format")
-	metaProbe     = []byte("probe") // the latest Probe's time
+	bucketLog  = []byte("log") // seq → value
+	bucketMeta = []byte("meta")
+	metaFormat = []byte("format")
+	metaProbe  = []byte("probe") // the latest Probe's time
 )
 
-// formatVersion is the layout above. Format 1 keyed records by key ‖ seq in
-// "steps", with "open" and "settled" by key; Open upgrades it.
-const formatVersion = 2
-
-// idLen is the length of a hand-off id, and of each half of a record key.
-const idLen = 8
+// formatVersion is the layout above. Format 1 keyed records by key ‖ seq,
+// format 2 by hand-off id ‖ seq with an index by key; Open upgrades both.
+const formatVersion = 3
 
 // Journal is an open journal file. Its methods are safe for concurrent use.
 type Journal struct {
@@ -168,9 +160,16 @@ type Journal struct {
 	// commit succeeds again (see NoRoom).
 	full error
 
-	ids *idCache // see idCache: only write transactions use it
-	// recent holds the keys not yet merged into the ids bucket (recent.go).
-	recent *recentIndex
+	idx *index
+	// nextSeq is the sequence number of the next log value; only the
+	// writer moves it, after a commit.
+	nextSeq uint64
+	// slab holds the values and keys of the batch being written: bbolt
+	// keeps them until the commit.
+	slab []byte
+	// staged is the index as the batch being written leaves it, applied
+	// once the batch commits.
+	staged staging
 
 	instanceID string // see InstanceID
 
@@ -190,7 +189,7 @@ type Journal struct {
 }
 
 type request struct {
-	key  []byte
+	key  Key
 	recs []Record
 	done chan error // nil: nobody waits
 	// probe is a request that writes no records: its commit only says
@@ -198,6 +197,8 @@ type request struct {
 	probe bool
 	// marks is a request that writes high-water marks, no records.
 	marks map[string]int64
+	// drop is a request that drops the oldest history (retention.go).
+	drop *dropRequest
 }
 
 // Open opens (creating if needed) the journal at path, checks it, and reports
@@ -215,11 +216,8 @@ func Open(path string, o Options) (*Journal, Recovery, error) {
 	if o.MaxSize == 0 {
 		o.MaxSize = DefaultMaxSize
 	}
-	if o.mergeAt <= 0 {
-		o.mergeAt = defaultMergeAt
-	}
-	if o.mergeEvery <= 0 {
-		o.mergeEvery = defaultMergeEvery
+	if o.AsyncDelay == 0 {
+		o.AsyncDelay = defaultAsyncDelay
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -236,11 +234,20 @@ func Open(path string, o Options) (*Journal, Recovery, error) {
 	if err != nil {
 		return nil, Recovery{}, err
 	}
+	if format := safeFormat(db); !o.ReadOnly && format != 0 && format < formatVersion {
+		_ = db.Close()
+		if err := upgradeFile(path, format, o); err != nil {
+			return nil, Recovery{}, fmt.Errorf("journal %s: %w", path, err)
+		}
+		if db, err = openDB(path, o.Sync == SyncNone, o.ReadOnly); err != nil {
+			return nil, Recovery{}, err
+		}
+	}
 	j := &Journal{
 		path: path, db: db, o: o, log: o.Logger, now: o.Now,
 		reqs:     make(chan *request, 4*o.MaxBatch),
 		stop:     make(chan struct{}),
-		ids:      newIDCache(),
+		idx:      newIndex(),
 		pageSize: int64(db.Info().PageSize),
 		trimNow:  make(chan struct{}, 1),
 	}
@@ -257,10 +264,6 @@ func Open(path string, o Options) (*Journal, Recovery, error) {
 		_ = db.Close()
 		return nil, Recovery{}, fmt.Errorf("journal %s: %w", path, err)
 	}
-	if err := j.loadRecent(); err != nil {
-		_ = db.Close()
-		return nil, Recovery{}, &CorruptError{Path: path, Err: err}
-	}
 	if o.ReadOnly {
 		j.closed = true // nothing may be written
 		close(j.reqs)
@@ -271,6 +274,19 @@ func Open(path string, o Options) (*Journal, Recovery, error) {
 	go j.writer()
 	go j.compactor()
 	return j, rec, nil
+}
+
+// safeFormat is the journal's format, 0 when the file is new or cannot be
+// read (verify tells why).
+func safeFormat(db *bolt.DB) (format uint32) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if recover() != nil {
+			format = 0
+		}
+	}()
+	format, _ = readFormat(db)
+	return format
 }
 
 func openDB(path string, noSync, readOnly bool) (db *bolt.DB, err error) {
@@ -286,6 +302,9 @@ func openDB(path string, noSync, readOnly bool) (db *bolt.DB, err error) {
 			if file != nil {
 				_ = file.Close()
 			}
+			// A mapping of the file holds its open file description, and
+			// with it the lock: bbolt may have mapped it before it panicked.
+			unmapFile(path)
 			db, err = nil, &CorruptError{Path: path, Err: fmt.Errorf("%v", r)}
 		}
 	}()
@@ -319,7 +338,7 @@ func (j *Journal) Path() string { return j.path }
 // Append writes recs for k and returns once they are durable (as Sync
 // defines it). The records of one call commit together or not at all.
 func (j *Journal) Append(ctx context.Context, k Key, recs ...Record) error {
-	return j.await(ctx, &request{key: k.encode(nil), recs: recs, done: make(chan error, 1)})
+	return j.await(ctx, &request{key: k, recs: recs, done: make(chan error, 1)})
 }
 
 // await queues req and waits for its commit.
@@ -338,7 +357,7 @@ func (j *Journal) await(ctx context.Context, req *request) error {
 // AppendAsync queues recs for k without waiting for them to be durable: for
 // records whose loss in a crash costs nothing but a line of history.
 func (j *Journal) AppendAsync(k Key, recs ...Record) {
-	_ = j.enqueue(context.Background(), &request{key: k.encode(nil), recs: recs})
+	_ = j.enqueue(context.Background(), &request{key: k, recs: recs})
 }
 
 func (j *Journal) enqueue(ctx context.Context, req *request) error {
@@ -382,7 +401,9 @@ func (j *Journal) writer() {
 			}
 		}
 		batch = append(batch[:0], first)
-		if j.o.Sync == SyncAlways {
+		if first.drop != nil {
+			// Alone: it reads the index as the last commit left it.
+		} else if j.o.Sync == SyncAlways {
 			batch, next = j.gatherAsync(batch, len(first.recs))
 		} else {
 			batch, next = j.gather(batch, len(first.recs))
@@ -451,17 +472,27 @@ const lingerAfter = 8
 // next batch; one larger than MaxBatch on its own is a batch by itself.
 func (j *Journal) gather(batch []*request, n int) ([]*request, *request) {
 	var linger <-chan time.Time
+	waited := false
+	for _, r := range batch {
+		waited = waited || r.done != nil
+	}
 	for n < j.o.MaxBatch {
 		var r *request
 		var ok bool
 		select {
 		case r, ok = <-j.reqs:
 		default:
-			if j.o.Linger <= 0 || j.lastBatch < lingerAfter {
+			wait := j.o.Linger
+			if !waited {
+				wait = j.o.AsyncDelay
+			} else if j.lastBatch < lingerAfter {
+				wait = 0
+			}
+			if wait <= 0 {
 				return batch, nil
 			}
 			if linger == nil {
-				linger = time.After(j.o.Linger)
+				linger = time.After(wait)
 			}
 			select {
 			case r, ok = <-j.reqs:
@@ -472,14 +503,22 @@ func (j *Journal) gather(batch []*request, n int) ([]*request, *request) {
 		if !ok {
 			return batch, nil
 		}
-		if n+len(r.recs) > j.o.MaxBatch {
+		if n+len(r.recs) > j.o.MaxBatch || r.drop != nil {
 			return batch, r
 		}
 		batch = append(batch, r)
 		n += len(r.recs)
+		if r.done != nil && !waited {
+			// Somebody waits now: from here on this is a batch like any,
+			// which takes what is queued and lingers only after a busy one.
+			waited, linger = true, nil
+		}
 	}
 	return batch, nil
 }
+
+// defaultAsyncDelay is Options.AsyncDelay when it is zero.
+const defaultAsyncDelay = 5 * time.Millisecond
 
 // gatherAsync is gather for SyncAlways: every Append still commits on its
 // own, but queued records nobody waits for (AppendAsync) ride along with the
@@ -499,7 +538,7 @@ func (j *Journal) gatherAsync(batch []*request, n int) ([]*request, *request) {
 		if !ok {
 			return batch, nil
 		}
-		if n+len(r.recs) > j.o.MaxBatch {
+		if n+len(r.recs) > j.o.MaxBatch || r.drop != nil {
 			return batch, r
 		}
 		batch = append(batch, r)
@@ -512,7 +551,8 @@ func (j *Journal) gatherAsync(batch []*request, n int) ([]*request, *request) {
 }
 
 func (j *Journal) commit(batch []*request) error {
-	return j.db.Update(func(tx *bolt.Tx) error {
+	j.staged.reset()
+	err := j.db.Update(func(tx *bolt.Tx) error {
 		n, err := j.write(tx, batch)
 		if err != nil {
 			return err
@@ -522,64 +562,42 @@ func (j *Journal) commit(batch []*request) error {
 		}
 		return nil
 	})
+	if err == nil {
+		j.apply()
+	}
+	return err
 }
 
 // write puts the batch's records in tx and returns how many it wrote.
 func (j *Journal) write(tx *bolt.Tx, batch []*request) (int, error) {
-	b := j.buckets(tx)
-	ids := j.resolver(tx, &b)
-	now := j.now()
-	// bbolt keeps the key and value slices until the commit: they are cut
-	// from one slab, sized up front, rather than allocated each.
-	size := 0
-	for _, r := range batch {
-		for i := range r.recs {
-			size += 2*idLen + r.recs[i].size()
-		}
-	}
-	slab := make([]byte, 0, size)
+	w := j.logWriter(tx)
 	n := 0
 	for _, r := range batch {
-		if r.probe {
+		switch {
+		case r.probe:
 			// A page written and synced like any record's.
-			if err := tx.Bucket(bucketMeta).Put(metaProbe, appendTime(nil, now)); err != nil {
+			if err := tx.Bucket(bucketMeta).Put(metaProbe, appendTime(nil, w.now)); err != nil {
 				return n, err
 			}
-			continue
-		}
-		if r.marks != nil {
+		case r.marks != nil:
 			if err := putMarks(tx, r.marks); err != nil {
 				return n, err
 			}
-			continue
-		}
-		id, err := ids.id(r.key)
-		if err != nil {
-			return n, err
-		}
-		for _, rec := range r.recs { // a copy: the caller's records are its own
-			if rec.At.IsZero() {
-				rec.At = now
-			}
-			seq, err := b.records.NextSequence()
-			if err != nil {
+		case r.drop != nil:
+			if err := j.drop(tx, &w, r.drop); err != nil {
 				return n, err
 			}
-			start := len(slab)
-			slab = binary.BigEndian.AppendUint64(append(slab, id...), seq)
-			key := slab[start:len(slab):len(slab)]
-			start = len(slab)
-			slab = rec.Encode(slab)
-			if err := b.records.Put(key, slab[start:len(slab):len(slab)]); err != nil {
+		case len(r.recs) > 0:
+			if err := w.part(r.key, r.recs, 0); err != nil {
 				return n, err
 			}
-			if err := b.index(id, &rec); err != nil {
-				return n, err
-			}
-			n++
+			n += len(r.recs)
 		}
 	}
-	return n, j.mergeSome(tx, &b)
+	if err := w.flush(); err != nil {
+		return n, err
+	}
+	return n, j.maybeSeal(tx)
 }
 
 // Close stops accepting records, commits every queued one, stops compaction

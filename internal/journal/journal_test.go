@@ -241,19 +241,32 @@ func TestGroupCommit(t *testing.T) {
 		check func(txs int) bool
 		want  string
 	}{
-		{name: "batch", sync: SyncBatch, check: func(txs int) bool { return txs < n/2 }, want: fmt.Sprintf("fewer than %d", n/2)},
-		{name: "none", sync: SyncNone, check: func(txs int) bool { return txs < n/2 }, want: fmt.Sprintf("fewer than %d", n/2)},
+		// The first commit waits until the others are queued: they fit
+		// one more transaction.
+		{name: "batch", sync: SyncBatch, check: func(txs int) bool { return txs <= 2 }, want: "2"},
+		{name: "none", sync: SyncNone, check: func(txs int) bool { return txs <= 2 }, want: "2"},
 		{name: "always", sync: SyncAlways, check: func(txs int) bool { return txs == n }, want: fmt.Sprint(n)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var txs, records atomic.Int64
 			path := newPath(t)
-			j, _ := openJournal(t, path, Options{Sync: tt.sync, BeforeCommit: func(n int) error {
-				txs.Add(1)
-				records.Add(int64(n))
+			var j *Journal
+			ready := make(chan struct{})
+			j, _ = openJournal(t, path, Options{Sync: tt.sync, BeforeCommit: func(m int) error {
+				if txs.Add(1) == 1 {
+					<-ready
+					// Those this batch holds (two records each) and the rest.
+					for deadline := time.Now().Add(10 * time.Second); m/2+len(j.reqs) < n; time.Sleep(time.Millisecond) {
+						if time.Now().After(deadline) {
+							return errors.New("the other Appends were never queued")
+						}
+					}
+				}
+				records.Add(int64(m))
 				return nil
 			}})
+			close(ready)
 			start := make(chan struct{})
 			var wg sync.WaitGroup
 			for g := range n {

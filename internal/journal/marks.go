@@ -1,6 +1,7 @@
 package journal
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -59,4 +60,16 @@ func putMarks(tx *bolt.Tx, marks map[string]int64) error {
 		}
 	}
 	return nil
+}
+
+// readMarks is every mark in meta.
+func readMarks(meta *bolt.Bucket) map[string]int64 {
+	marks := map[string]int64{}
+	c := meta.Cursor()
+	for k, v := c.Seek(markPrefix); k != nil && bytes.HasPrefix(k, markPrefix); k, v = c.Next() {
+		if len(v) == 8 {
+			marks[string(k[len(markPrefix):])] = int64(binary.BigEndian.Uint64(v))
+		}
+	}
+	return marks
 }

@@ -1,7 +1,7 @@
 package journal
 
 import (
-	"encoding/binary"
+	"context"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +16,9 @@ const DefaultMaxSize = 256 << 20
 // under: trimming at every commit past the bound would cost a transaction
 // for every few hand-offs written.
 const trimTo = 0.9
+
+// maxTrimPasses bounds one trim's transactions; the next trim goes on.
+const maxTrimPasses = 64
 
 // logEvery bounds how often trimming logs: at most one line of each kind a
 // minute, however often it runs.
@@ -81,29 +84,35 @@ func (j *Journal) TrimToSize() (int, error) {
 		return 0, nil
 	}
 	low := int64(float64(j.o.MaxSize) * trimTo)
-	total, more := 0, true
-	for more && used >= low {
-		n, kept, m, err := j.evictOnce(compactChunk)
-		more = m
-		if n > 0 {
-			total += n
-			t.dropped += n
-			t.oldestKept = kept
+	total := 0
+	stuck := false
+	for pass := 0; used >= low && pass < maxTrimPasses; pass++ {
+		req := &dropRequest{bytes: used - low}
+		err := j.await(context.Background(), &request{drop: req, done: make(chan error, 1)})
+		if req.dropped > 0 {
+			total += req.dropped
+			t.dropped += req.dropped
+			t.oldestKept = req.kept
 			if j.o.OnEvict != nil {
-				j.o.OnEvict(n)
+				j.o.OnEvict(req.dropped)
 			}
 		}
 		if err != nil {
 			return total, err
 		}
 		used = j.inUse()
+		if req.dropped == 0 {
+			// Nothing settled was left to drop: what remains is open.
+			stuck = true
+			break
+		}
 	}
 	now := j.now()
-	t.stuck.Store(used >= j.o.MaxSize)
-	if used >= j.o.MaxSize && (t.erroredAt.IsZero() || now.Sub(t.erroredAt) >= logEvery) {
+	t.stuck.Store(stuck && used >= j.o.MaxSize)
+	if stuck && used >= j.o.MaxSize && (t.erroredAt.IsZero() || now.Sub(t.erroredAt) >= logEvery) {
 		t.erroredAt = now
 		j.log.Error("journal: the open hand-offs alone fill journal.max_size; none of them is dropped, the file grows past it",
-			"path", j.path, "in_use", used, "max_size", j.o.MaxSize, "open", j.openCount())
+			"path", j.path, "in_use", used, "max_size", j.o.MaxSize, "open", j.openHandoffs())
 	}
 	j.warnDropped(now, used)
 	return total, nil
@@ -125,65 +134,8 @@ func (j *Journal) warnDropped(now time.Time, used int64) {
 	t.warnedAt, t.dropped = now, 0
 }
 
-// evictOnce drops up to limit settled hand-offs in one transaction, the
-// earliest settle first, and returns how many it dropped, the settle time
-// of the earliest one kept, and whether settled hand-offs are left.
-func (j *Journal) evictOnce(limit int) (removed int, oldestKept time.Time, more bool, err error) {
-	err = j.db.Update(func(tx *bolt.Tx) error {
-		b := j.buckets(tx)
-		c := b.expiry.Cursor()
-		visited := 0
-		k, _ := c.First()
-		for ; k != nil && visited < limit; k, _ = c.First() {
-			visited++
-			if len(k) != 2*idLen {
-				if err := c.Delete(); err != nil { // names no hand-off
-					return err
-				}
-				continue
-			}
-			at := binary.BigEndian.Uint64(k[:idLen])
-			id := append([]byte(nil), k[idLen:]...)
-			if err := c.Delete(); err != nil {
-				return err
-			}
-			// Reopened by a later hop: it is open, and its next settle
-			// indexes it again.
-			if b.pending.Get(id) != nil {
-				continue
-			}
-			// Settled again later, or written to after its settle: it goes
-			// in the order of its latest record, not of this one.
-			if last := b.lastAt(id); last > at {
-				if err := b.expiry.Put(append(binary.BigEndian.AppendUint64(make([]byte, 0, 2*idLen), last), id...), nil); err != nil {
-					return err
-				}
-				continue
-			}
-			if err := j.remove(b, id); err != nil {
-				return err
-			}
-			removed++
-		}
-		if k != nil {
-			more = true
-			if len(k) == 2*idLen {
-				oldestKept = time.Unix(0, int64(binary.BigEndian.Uint64(k[:idLen]))).UTC()
-			}
-		}
-		return nil
-	})
-	return removed, oldestKept, more, err
-}
-
-// openCount is the hand-offs in the pending index.
-func (j *Journal) openCount() int {
-	n := 0
-	_ = j.db.View(func(tx *bolt.Tx) error {
-		if b := tx.Bucket(bucketPending); b != nil {
-			n = b.Stats().KeyN
-		}
-		return nil
-	})
+// openHandoffs is the hand-offs open, for a log line.
+func (j *Journal) openHandoffs() int64 {
+	n, _ := j.countOpenHandoffs()
 	return n
 }

@@ -117,7 +117,7 @@ func kept(t testing.TB, j *Journal, src string) []int {
 func TestMaxSizeDropsTheEarliestSettled(t *testing.T) {
 	const (
 		maxSize = 1 << 20
-		rounds  = 24
+		rounds  = 80
 		round   = 250
 	)
 	var evicted atomic.Int64
@@ -313,29 +313,28 @@ func TestMaxSizeWriterAsksForATrim(t *testing.T) {
 	}
 }
 
-// Trimming follows a hand-off's latest settle: one settled at hop 0 and
-// settled again later, at hop 1, goes after those settled in between.
-func TestMaxSizeOrdersByLatestSettle(t *testing.T) {
+// Dropping goes by the log's order, a value at a time: a hand-off written
+// to again after others keeps what came later when its first part goes.
+func TestDropGoesByLogOrder(t *testing.T) {
 	clock := newFakeClock()
 	j, _ := openJournal(t, newPath(t), Options{Now: clock.Now, Sync: SyncNone})
 	twice := Key{Source: "twice", EventID: "e"}
-	appendOK(t, j, twice, storySettledCopy(at(0))...)
+	appendOK(t, j, twice, storySettledCopy(at(0))...) // a value of its own
 	writeSettled(t, j, "s", 0, 10, at(time.Second))
-	appendOK(t, j, twice,
-		Record{Kind: Received, At: at(time.Minute), Hop: 1},
-		Record{Kind: Settled, At: at(time.Minute), Hop: 1, Detail: "handled"})
-	n, _, more, err := j.evictOnce(10)
-	if err != nil {
+	later := []Record{{Kind: Received, At: at(time.Minute), Hop: 1}, {Kind: Settled, At: at(time.Minute), Hop: 1, Detail: "handled"}}
+	appendOK(t, j, twice, later...)
+	req := &dropRequest{bytes: 1} // the oldest value, and no more
+	if err := j.await(t.Context(), &request{drop: req, done: make(chan error, 1)}); err != nil {
 		t.Fatal(err)
 	}
-	if n != 9 || !more {
-		t.Errorf("evictOnce(10) = %d dropped, more %v; want 9 (the 10th visit moves the twice-settled one to its latest settle), more", n, more)
+	if req.dropped != 1 {
+		t.Errorf("dropped %d hand-offs with the oldest value, want 1", req.dropped)
 	}
-	if len(timeline(t, j, twice)) == 0 {
-		t.Error("the hand-off settled again a minute later was dropped before those settled in between")
+	if got := timeline(t, j, twice); len(got) != len(later) || !equalRecord(got[0].Record, later[0]) {
+		t.Errorf("timeline after its first part was dropped = %+v, want the later %d records", got, len(later))
 	}
-	if got := kept(t, j, "s"); !slices.Equal(got, []int{9}) {
-		t.Errorf("kept %v, want [9]", got)
+	if got := kept(t, j, "s"); len(got) != 10 {
+		t.Errorf("kept %v, want the 10 written after it", got)
 	}
 }
 

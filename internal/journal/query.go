@@ -1,7 +1,6 @@
 package journal
 
 import (
-	"bytes"
 	"encoding/binary"
 	"fmt"
 	"slices"
@@ -21,29 +20,39 @@ type Step struct {
 // Timeline returns every record of hand-off k, oldest first.
 func (j *Journal) Timeline(k Key) ([]Step, error) {
 	var out []Step
+	if !j.idx.knows(eventHash(k)) {
+		return nil, nil
+	}
 	err := j.db.View(func(tx *bolt.Tx) error {
-		b := j.buckets(tx)
-		id := b.lookup(k.encode(nil))
-		if id == nil {
-			return nil
+		parts, err := j.history(tx, k, nil, true)
+		if err != nil {
+			return err
 		}
-		_, err := b.each(id, func(seq uint64, v []byte) error {
-			out = append(out, Step{Key: k, Seq: seq, Record: decodeOrNote(v)})
-			return nil
-		})
-		return err
+		for i := len(parts) - 1; i >= 0; i-- {
+			out = appendSteps(out, k, parts[i])
+		}
+		return nil
 	})
 	return out, err
 }
 
-// decodeOrNote decodes a record for an operator's view. One that cannot be
-// read is shown, not hidden and not fatal: Kind 0 with the reason in Detail.
-func decodeOrNote(v []byte) Record {
-	r, err := Decode(v)
-	if err != nil {
-		return Record{Detail: err.Error()}
+// appendSteps appends the records of part p as steps of hand-off k. The
+// steps of a part are numbered from its ref: a part takes more bytes than
+// it holds records, so the numbers keep write order. A part that cannot be
+// read is shown, not hidden and not fatal: Kind 0 with the reason in
+// Detail.
+func appendSteps(out []Step, k Key, p chainPart) []Step {
+	if p.bad != nil {
+		return append(out, Step{Key: k, Seq: uint64(p.at), Record: Record{Detail: p.bad.Error()}})
 	}
-	return r
+	recs, err := readRecords(p.recs, p.base, nil)
+	for i, r := range recs {
+		out = append(out, Step{Key: k, Seq: uint64(p.at) + uint64(i), Record: r})
+	}
+	if err != nil {
+		out = append(out, Step{Key: k, Seq: uint64(p.at) + uint64(len(recs)), Record: Record{Detail: err.Error()}})
+	}
+	return out
 }
 
 // Filter selects hand-offs for Scan.
@@ -57,95 +66,170 @@ type Filter struct {
 }
 
 // Scan calls fn with the timeline of each hand-off that f selects, in the
-// order hand-offs first reached the journal. It reads the whole journal: it
-// is for operators, not the hot path.
+// order hand-offs first reached the journal. It reads the whole journal and
+// holds its timelines in memory: it is for operators, not the hot path.
 func (j *Journal) Scan(f Filter, fn func(Key, []Step) error) error {
-	return j.db.View(func(tx *bolt.Tx) error {
-		b := j.buckets(tx)
-		var cur []Step
-		var curID []byte
-		var curKey Key
-		flush := func() error {
-			steps := cur
-			cur = nil
-			if len(steps) == 0 {
-				return nil
-			}
-			if f.EventID != "" && curKey.EventID != f.EventID {
-				return nil
-			}
-			if f.Open && b.pending.Get(curID) == nil {
-				return nil
-			}
-			if !f.Since.IsZero() && steps[len(steps)-1].At.Before(f.Since) {
-				return nil
-			}
-			return fn(curKey, steps)
-		}
-		c := b.records.Cursor()
-		for k, v := c.First(); k != nil; k, v = c.Next() {
-			if len(k) != 2*idLen {
-				return fmt.Errorf("%w: record key of %d bytes", ErrCorrupt, len(k))
-			}
-			id, seq := k[:idLen], binary.BigEndian.Uint64(k[idLen:])
-			if seq == 0 { // a hand-off's key: its records follow
-				if err := flush(); err != nil {
-					return err
+	var order []Key
+	steps := map[Key][]Step{}
+	open := map[Key]*openTrack{}
+	err := j.db.View(func(tx *bolt.Tx) error {
+		return eachPart(tx, func(at ref, head *partHead, recs []byte, base int64, keys map[uint32]Key, bad error) error {
+			k, ok := head.key, head.flags&flagKey != 0
+			if !ok {
+				if k, ok = keys[head.check]; !ok {
+					return nil // its first part was dropped: history older than the log
 				}
-				key, rest, err := decodeKey(v)
-				if err != nil || len(rest) != 0 {
-					return fmt.Errorf("%w: hand-off key", ErrCorrupt)
-				}
-				curID, curKey = append(curID[:0], id...), key
-				continue
 			}
-			if !bytes.Equal(id, curID) {
-				return fmt.Errorf("%w: records of hand-off %x without its key", ErrCorrupt, id)
+			if f.EventID != "" && k.EventID != f.EventID {
+				return nil
 			}
-			cur = append(cur, Step{Key: curKey, Seq: seq, Record: decodeOrNote(v)})
-		}
-		return flush()
+			if _, seen := steps[k]; !seen {
+				order = append(order, k)
+				open[k] = &openTrack{}
+			}
+			if head.flags&flagCopy != 0 {
+				steps[k], open[k] = steps[k][:0], &openTrack{}
+			}
+			n := len(steps[k])
+			steps[k] = appendSteps(steps[k], k, chainPart{at: at, recs: recs, base: base, bad: bad})
+			for _, s := range steps[k][n:] {
+				open[k].apply(&s.Record)
+			}
+			return nil
+		})
 	})
+	if err != nil {
+		return err
+	}
+	for _, k := range order {
+		st := steps[k]
+		switch {
+		case len(st) == 0:
+		case f.Open && !open[k].open:
+		case !f.Since.IsZero() && st[len(st)-1].At.Before(f.Since):
+		default:
+			if err := fn(k, st); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// eachPart calls fn with every part of the log in write order, with the
+// keys of the hand-offs named in full so far by their checks. A part that
+// fails its checksum is given with bad set and no records.
+func eachPart(tx *bolt.Tx, fn func(at ref, head *partHead, recs []byte, base int64, keys map[uint32]Key, bad error) error) error {
+	keys := map[uint32]Key{}
+	c := tx.Bucket(bucketLog).Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if len(k) != 8 {
+			return fmt.Errorf("%w: log key of %d bytes", ErrCorrupt, len(k))
+		}
+		seq := binary.BigEndian.Uint64(k)
+		base, err := valueBase(v)
+		if err != nil {
+			return err
+		}
+		for off := valueHeader; off < len(v); {
+			body, next, perr := readPart(v, off)
+			if body == nil {
+				return perr
+			}
+			head, recs, err := readHead(body, seq)
+			if err != nil {
+				return err
+			}
+			if perr != nil {
+				// Shown under the hand-off its head names, if it does.
+				recs = nil
+			}
+			if head.flags&flagKey != 0 {
+				keys[keyCheck(head.key)] = head.key
+			}
+			if err := fn(makeRef(seq, off), &head, recs, base, keys, perr); err != nil {
+				return err
+			}
+			off = next
+		}
+	}
+	return nil
+}
+
+// openTrack follows whether one hand-off is open, as trackOpen does for
+// the index.
+type openTrack struct {
+	open bool
+	hop  int
+}
+
+func (t *openTrack) apply(r *Record) {
+	switch r.Kind {
+	case Received:
+		if !t.open || r.Hop > t.hop {
+			t.hop = r.Hop
+		}
+		t.open = true
+	case Settled:
+		if t.open && t.hop <= r.Hop {
+			t.open = false
+		}
+	}
 }
 
 // Event returns the timeline of every hand-off of one event of one source:
 // the original's first, then each replay's, in replay id order. It is nil
 // when the journal holds none.
 func (j *Journal) Event(source, eventID string) ([][]Step, error) {
-	// The keys of one event's hand-offs share the encoding of its source
-	// and event id, and differ only in the replay id that follows: one
-	// seek finds them all.
-	prefix := Key{Source: source, EventID: eventID}.encode(nil)
-	prefix = prefix[:len(prefix)-1] // the empty replay id's length
+	k0 := Key{Source: source, EventID: eventID}
+	h := eventHash(k0)
+	if !j.idx.knows(h) {
+		return nil, nil
+	}
+	type found struct {
+		head partHead
+		p    chainPart
+	}
 	var out [][]Step
 	err := j.db.View(func(tx *bolt.Tx) error {
-		b := j.buckets(tx)
-		// The keys in the bucket and those waiting to be merged into it,
-		// in key order; a key in both names the same id.
-		var found []recentEntry
-		c := b.ids.Cursor()
-		for k, id := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, id = c.Next() {
-			found = append(found, recentEntry{string(k), id})
+		r, err := j.idx.resolve(tx, h)
+		if err != nil || r == 0 {
+			return err
 		}
-		found = append(found, j.recent.withPrefix(prefix)...)
-		slices.SortStableFunc(found, func(a, b recentEntry) int { return strings.Compare(a.key, b.key) })
-		found = slices.CompactFunc(found, func(a, b recentEntry) bool { return a.key == b.key })
-		for _, e := range found {
-			id := e.id
-			key, rest, err := decodeKey([]byte(e.key))
-			if err != nil || len(rest) != 0 || len(id) != idLen {
-				return fmt.Errorf("%w: hand-off key", ErrCorrupt)
+		var parts []found
+		err = walkFrom(tx, r, func(at ref, head *partHead, recs []byte, base int64) (bool, error) {
+			parts = append(parts, found{head: *head, p: chainPart{at: at, recs: recs, base: base}})
+			return true, nil
+		})
+		if err != nil {
+			return err
+		}
+		keys := map[uint32]Key{}
+		for _, f := range parts {
+			if f.head.flags&flagKey != 0 && f.head.key.Source == source && f.head.key.EventID == eventID {
+				keys[keyCheck(f.head.key)] = f.head.key
 			}
-			var steps []Step
-			if _, err := b.each(id, func(seq uint64, v []byte) error {
-				steps = append(steps, Step{Key: key, Seq: seq, Record: decodeOrNote(v)})
-				return nil
-			}); err != nil {
-				return err
+		}
+		byKey := map[Key][]Step{}
+		done := map[Key]bool{}    // its whole history seen (a copy part)
+		for _, f := range parts { // newest first
+			k, ok := f.head.key, f.head.flags&flagKey != 0
+			if !ok {
+				k, ok = keys[f.head.check]
 			}
-			if len(steps) > 0 {
-				out = append(out, steps)
+			if !ok || k.Source != source || k.EventID != eventID || done[k] {
+				continue
 			}
+			byKey[k] = append(appendSteps(nil, k, f.p), byKey[k]...)
+			done[k] = f.head.flags&flagCopy != 0
+		}
+		ks := make([]Key, 0, len(byKey))
+		for k := range byKey {
+			ks = append(ks, k)
+		}
+		slices.SortFunc(ks, func(a, b Key) int { return strings.Compare(a.ReplayID, b.ReplayID) })
+		for _, k := range ks {
+			out = append(out, byKey[k])
 		}
 		return nil
 	})

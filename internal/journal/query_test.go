@@ -134,37 +134,37 @@ func TestTimeline(t *testing.T) {
 	}
 }
 
-// TestTimelineShowsDamagedRecord: an operator's view shows a record it
-// cannot read as Kind 0 with the reason, instead of hiding it or failing.
+// TestTimelineShowsDamagedRecord: an operator's view shows a part it
+// cannot read as a step of Kind 0 with the reason, instead of hiding it or
+// failing, and goes on to the parts around it.
 func TestTimelineShowsDamagedRecord(t *testing.T) {
 	path := newPath(t)
 	j, _ := openJournal(t, path, Options{})
 	k := Key{Source: "s", EventID: "e"}
-	appendOK(t, j, k, storySettledSuccess(at(0))...)
+	story := storySettledSuccess(at(0))
+	appendOK(t, j, k, story[:2]...) // received and attempt: one part
+	appendOK(t, j, k, story[2:]...) // outcome and settle: another
 	if err := j.Close(); err != nil {
 		t.Fatal(err)
 	}
-	// Damage the second record (the attempt) in place.
+	// Damage the first part's checksum in place.
 	updateFile(t, path, func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketRecords)
-		c := b.Cursor()
-		c.First() // the hand-off's key
-		c.Next()
-		sk, v := c.Next()
+		b := tx.Bucket(bucketLog)
+		sk, v := b.Cursor().First()
 		return damage(b, sk, v)
 	})
 	// The hand-off is settled, so Open (which reads open hand-offs) accepts it.
 	j, _ = openJournal(t, path, Options{})
 	check := func(what string, steps []Step) {
-		if len(steps) != 4 {
-			t.Fatalf("%s: %d steps, want 4", what, len(steps))
+		if len(steps) != 3 {
+			t.Fatalf("%s: %d steps, want 3 (one for the damaged part, two readable)", what, len(steps))
 		}
-		if s := steps[1]; s.Kind != 0 || !strings.Contains(s.Detail, ErrCorrupt.Error()) {
+		if s := steps[0]; s.Kind != 0 || !strings.Contains(s.Detail, ErrCorrupt.Error()) {
 			t.Errorf("%s: damaged step = kind %v detail %q, want kind 0 and the reason", what, s.Kind, s.Detail)
 		}
-		for _, i := range []int{0, 2, 3} {
-			if steps[i].Kind == 0 {
-				t.Errorf("%s: step %d unreadable too", what, i)
+		for i, want := range []Kind{Outcome, Settled} {
+			if steps[i+1].Kind != want {
+				t.Errorf("%s: step %d is %v, want %v", what, i+1, steps[i+1].Kind, want)
 			}
 		}
 	}

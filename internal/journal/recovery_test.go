@@ -251,7 +251,7 @@ func TestOpenCorrupt(t *testing.T) {
 			clear(b[2*ps : highWater(t, b)*ps])
 			writeFile(t, path, b)
 		}},
-		{name: "root page of the records bucket overwritten", make: func(t *testing.T, path string) {
+		{name: "root page of the log bucket overwritten", make: func(t *testing.T, path string) {
 			src := filepath.Join(t.TempDir(), "src.db")
 			writeFile(t, src, validBytes(t, 2000))
 			var root uint64
@@ -259,7 +259,7 @@ func TestOpenCorrupt(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_ = db.View(func(tx *bolt.Tx) error { root = uint64(tx.Bucket(bucketRecords).Root()); return nil })
+			_ = db.View(func(tx *bolt.Tx) error { root = uint64(tx.Bucket(bucketLog).Root()); return nil })
 			if err := db.Close(); err != nil {
 				t.Fatal(err)
 			}
@@ -270,21 +270,6 @@ func TestOpenCorrupt(t *testing.T) {
 			}
 			copy(b[int(root)*ps:int(root+1)*ps], garbage(ps))
 			writeFile(t, path, b)
-		}},
-		{name: "a record of an open hand-off damaged", make: func(t *testing.T, path string) {
-			src := filepath.Join(t.TempDir(), "src.db")
-			writeFile(t, src, validBytes(t, 10))
-			updateFile(t, src, func(tx *bolt.Tx) error {
-				id, _ := tx.Bucket(bucketPending).Cursor().First()
-				steps := tx.Bucket(bucketRecords)
-				c := steps.Cursor()
-				c.Seek(id) // the hand-off's key
-				sk, v := c.Next()
-				damaged := append([]byte(nil), v...)
-				damaged[2] ^= 0x40
-				return steps.Put(append([]byte(nil), sk...), damaged)
-			})
-			writeFile(t, path, readFile(t, src))
 		}},
 		{name: "format from a later build", make: func(t *testing.T, path string) {
 			src := filepath.Join(t.TempDir(), "src.db")
@@ -439,5 +424,60 @@ func TestOpenMissingDirectory(t *testing.T) {
 	var ce *CorruptError
 	if errors.As(err, &ce) {
 		t.Errorf("Open in a missing directory = a *CorruptError: %v", err)
+	}
+}
+
+// TestOpenWithADamagedPart: a part of the log that fails its checksum does
+// not keep the journal from opening. It is counted, the rest is read, and
+// the state of its hand-off is an error, which dispatch answers by handling
+// the message as new: at worst a duplicate call, never a lost message.
+func TestOpenWithADamagedPart(t *testing.T) {
+	path := validJournal(t, 10)
+	updateFile(t, path, func(tx *bolt.Tx) error {
+		// The first hand-off is open (a copy being published), and alone
+		// in the log's first value: a byte of its last record.
+		log := tx.Bucket(bucketLog)
+		sk, v := log.Cursor().First()
+		damaged := append([]byte(nil), v...)
+		damaged[len(damaged)-5] ^= 0x40
+		return log.Put(append([]byte(nil), sk...), damaged)
+	})
+	j, rec := openJournal(t, path, Options{})
+	if rec.Unreadable != 1 {
+		t.Errorf("Recovery = %+v, want 1 unreadable", rec)
+	}
+	damaged := Key{Source: "src", EventID: "event-000000"}
+	if _, err := j.State(damaged); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("State of the damaged hand-off = %v, want ErrCorrupt", err)
+	}
+	if steps := timeline(t, j, damaged); len(steps) != 1 || steps[0].Kind != 0 {
+		t.Errorf("timeline of the damaged hand-off = %+v, want one unreadable step", steps)
+	}
+	for i := 1; i < 10; i++ {
+		k := Key{Source: "src", EventID: fmt.Sprintf("event-%06d", i), ReplayID: strings.Repeat("r", i%7)}
+		if st, err := j.State(k); err != nil || !st.Found {
+			t.Errorf("%s: %+v, %v", k, st, err)
+		}
+	}
+}
+
+// TestFailedOpenReleasesTheLock: a file whose damage makes bbolt panic
+// while it opens (here: its freelist page, among those overwritten, after
+// bbolt mapped the file) is not left locked: a repair in the same process can
+// take it.
+func TestFailedOpenReleasesTheLock(t *testing.T) {
+	path := validJournal(t, 3)
+	b := readFile(t, path)
+	ps := pageSize(t, b)
+	for i := 2 * ps; i < len(b) && i < 6*ps; i++ {
+		b[i] = 0xA5
+	}
+	writeFile(t, path, b)
+	for i := range 2 {
+		_, _, err := Open(path, testOptions(Options{}))
+		var corrupt *CorruptError
+		if !errors.As(err, &corrupt) {
+			t.Fatalf("Open %d of a damaged file = %v, want a CorruptError (not a lock held by the one before)", i+1, err)
+		}
 	}
 }

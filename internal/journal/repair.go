@@ -1,7 +1,7 @@
 package journal
 
 import (
-	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -16,8 +16,9 @@ import (
 type RepairReport struct {
 	// Aside is where the damaged file was moved.
 	Aside string
-	// Kept and Lost count the records copied into the new journal and those
-	// that could not be read.
+	// Kept counts the records copied into the new journal; Lost the parts
+	// that could not be read (a part is a hand-off's records of one
+	// commit; in a journal of an earlier format, one record).
 	Kept, Lost int
 	// Stopped says why reading stopped early, when it did: the records past
 	// that point are lost too.
@@ -35,8 +36,13 @@ func Repair(path string) (RepairReport, error) {
 		return RepairReport{}, err
 	}
 	rep := RepairReport{Aside: aside}
-	var items []item
-	keep := func(key []byte, rec Record) { items = append(items, item{key: key, rec: rec}) }
+	type handoff struct {
+		k    Key
+		recs []Record
+	}
+	var items []handoff
+	var marks map[string]int64
+	keep := func(k Key, recs []Record) { items = append(items, handoff{k, recs}) }
 	salvage := func() (err error) {
 		defer func() {
 			if r := recover(); r != nil {
@@ -49,25 +55,18 @@ func Repair(path string) (RepairReport, error) {
 		}
 		defer db.Close()
 		return db.View(func(tx *bolt.Tx) error {
-			// Both, in a journal whose upgrade stopped part way.
-			records, steps := tx.Bucket(bucketRecords), tx.Bucket(bucketSteps)
-			if records == nil && steps == nil {
-				return errors.New("no records bucket")
+			if meta := tx.Bucket(bucketMeta); meta != nil {
+				marks = readMarks(meta)
 			}
-			if records != nil {
-				if err := salvageRecords(records, &rep, keep); err != nil {
-					return err
-				}
+			if tx.Bucket(bucketLog) != nil {
+				return salvageLog(tx, &rep, keep)
 			}
-			if steps != nil {
-				return salvageSteps(steps, &rep, keep)
-			}
-			return nil
+			return salvageOld(tx, &rep, keep)
 		})
 	}
 	rep.Stopped = salvage()
 
-	j, _, err := Open(path, Options{Sync: SyncAlways})
+	j, _, err := Open(path, Options{Sync: SyncBatch, MaxSize: -1, AsyncDelay: -1})
 	if err != nil {
 		return rep, fmt.Errorf("create the new journal: %w", err)
 	}
@@ -75,69 +74,73 @@ func Repair(path string) (RepairReport, error) {
 		_ = j.Close()
 		return rep, err
 	}
-	const chunk = 1024
-	for i := 0; i < len(items); i += chunk {
-		var batch []*request
-		for _, it := range items[i:min(i+chunk, len(items))] {
-			batch = append(batch, &request{key: it.key, recs: []Record{it.rec}})
-		}
-		if err := j.commit(batch); err != nil {
-			_ = j.Close()
-			return rep, fmt.Errorf("write the new journal: %w", err)
-		}
-		rep.Kept += len(batch)
+	for _, it := range items {
+		j.AppendAsync(it.k, it.recs...)
+		rep.Kept += len(it.recs)
 	}
-	return rep, j.Close()
+	if err := j.SetMarks(context.Background(), marks); err != nil {
+		_ = j.Close()
+		return rep, fmt.Errorf("write the new journal: %w", err)
+	}
+	if err := j.Close(); err != nil {
+		return rep, fmt.Errorf("write the new journal: %w", err)
+	}
+	return rep, nil
 }
 
-type item struct {
-	key []byte // encoded
-	rec Record
-}
-
-// salvageRecords reads the records of a current-format journal. A record
-// whose hand-off key cannot be read is lost with it.
-func salvageRecords(b *bolt.Bucket, rep *RepairReport, keep func([]byte, Record)) error {
-	var id, key []byte
-	c := b.Cursor()
+// salvageLog reads the hand-offs of a current-format journal, part by part:
+// a part that cannot be read is lost, and the rest of its value with it (a
+// part's length is what finds the next one).
+func salvageLog(tx *bolt.Tx, rep *RepairReport, fn func(Key, []Record)) error {
+	keys := map[uint32]Key{}
+	var order []Key
+	byKey := map[Key][]Record{}
+	c := tx.Bucket(bucketLog).Cursor()
 	for k, v := c.First(); k != nil; k, v = c.Next() {
-		if len(k) != 2*idLen {
+		base, err := valueBase(v)
+		if err != nil || len(k) != 8 {
 			rep.Lost++
 			continue
 		}
-		if binary.BigEndian.Uint64(k[idLen:]) == 0 {
-			id, key = append(id[:0], k[:idLen]...), nil
-			if _, rest, err := decodeKey(v); err != nil || len(rest) != 0 {
+		seq := binary.BigEndian.Uint64(k)
+		for off := valueHeader; off < len(v); {
+			body, next, err := readPart(v, off)
+			if err != nil {
+				rep.Lost++
+				break
+			}
+			off = next
+			head, p, err := readHead(body, seq)
+			if err != nil {
 				rep.Lost++
 				continue
 			}
-			key = append([]byte(nil), v...)
-			continue
+			key, ok := head.key, head.flags&flagKey != 0
+			if ok {
+				keys[keyCheck(key)] = key
+			} else if key, ok = keys[head.check]; !ok {
+				rep.Lost++ // its hand-off's first part was dropped before
+				continue
+			}
+			recs, err := readRecords(p, base, nil)
+			if err != nil {
+				rep.Lost++
+				continue
+			}
+			old, seen := byKey[key]
+			if !seen {
+				order = append(order, key)
+			}
+			if head.flags&flagCopy != 0 {
+				old = old[:0]
+			}
+			byKey[key] = append(old, recs...)
 		}
-		rec, err := Decode(v)
-		if err != nil || key == nil || !bytes.Equal(k[:idLen], id) {
-			rep.Lost++
-			continue
-		}
-		keep(key, rec)
 	}
-	return nil
-}
-
-// salvageSteps reads the records of a format 1 journal.
-func salvageSteps(b *bolt.Bucket, rep *RepairReport, keep func([]byte, Record)) error {
-	c := b.Cursor()
-	for k, v := c.First(); k != nil; k, v = c.Next() {
-		rec, err := Decode(v)
-		if err != nil || len(k) < 8 {
-			rep.Lost++
-			continue
+	for _, k := range order {
+		if len(byKey[k]) > 0 {
+			fn(k, byKey[k])
 		}
-		if _, rest, err := decodeKey(k[:len(k)-8]); err != nil || len(rest) != 0 {
-			rep.Lost++
-			continue
-		}
-		keep(append([]byte(nil), k[:len(k)-8]...), rec)
 	}
 	return nil
 }

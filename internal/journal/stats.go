@@ -1,8 +1,6 @@
 package journal
 
 import (
-	"errors"
-
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -21,19 +19,52 @@ type Stats struct {
 }
 
 // Stats reads the journal's size, its open hand-offs and its commit
-// latency. It counts the open hand-offs one by one: it is for operators,
+// latency. It reads the open hand-offs one by one: it is for operators,
 // not the hot path.
 func (j *Journal) Stats() (Stats, error) {
 	st := Stats{Path: j.path, Commits: j.commits.latency()}
 	err := j.db.View(func(tx *bolt.Tx) error {
 		st.Size = tx.Size()
 		st.InUse = st.Size - j.freeBytes()
-		b := tx.Bucket(bucketPending)
-		if b == nil {
-			return errors.New("journal: no pending index")
-		}
-		st.Open = int64(b.Stats().KeyN)
 		return nil
 	})
+	if err != nil {
+		return st, err
+	}
+	st.Open, err = j.countOpenHandoffs()
 	return st, err
+}
+
+// countOpenHandoffs counts the hand-offs of the open set's events that are
+// open.
+func (j *Journal) countOpenHandoffs() (int64, error) {
+	j.idx.mu.RLock()
+	hashes := make([]uint64, 0, len(j.idx.open))
+	for h := range j.idx.open {
+		hashes = append(hashes, h)
+	}
+	j.idx.mu.RUnlock()
+	var n int64
+	err := j.db.View(func(tx *bolt.Tx) error {
+		for _, h := range hashes {
+			r, err := j.idx.resolve(tx, h)
+			if err != nil {
+				return err
+			}
+			err = j.eachHandoffFrom(tx, r, func(_ Key, recs []Record, _ ref) {
+				var t openTrack
+				for i := range recs {
+					t.apply(&recs[i])
+				}
+				if t.open {
+					n++
+				}
+			})
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return n, err
 }

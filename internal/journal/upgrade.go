@@ -2,112 +2,208 @@ package journal
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
 
-// Format 1's buckets: records keyed by key ‖ seq, the indexes by key.
+// The buckets of the earlier formats, which Open upgrades and Repair reads.
 var (
+	// Format 1: records keyed by key ‖ seq, the indexes by key.
 	bucketSteps   = []byte("steps")   // key ‖ seq → record
 	bucketOpen    = []byte("open")    // key → opened-at ‖ hop
 	bucketSettled = []byte("settled") // settled-at ‖ key → nothing
+	// Format 2: records keyed by hand-off id ‖ seq, the key under id ‖ 0.
+	bucketIDs     = []byte("ids")
+	bucketRecords = []byte("records")
+	bucketPending = []byte("pending")
+	bucketExpiry  = []byte("expiry")
 )
 
-// upgradeChunk bounds the records moved in one transaction.
-var upgradeChunk = 4096
+// idLen is the length of a format 2 hand-off id.
+const idLen = 8
 
-// upgrade moves a format 1 journal into the current format, hand-off by
-// hand-off, in transactions of a bounded size: each moves whole hand-offs
-// and deletes them from the old buckets, so a crash part way leaves a journal
-// that the next start goes on upgrading. Records are moved as they are; the
-// indexes are rebuilt from those that can be read, the way the writer keeps
-// them (one that cannot be read is kept, and shows as unreadable, as it did).
-// Hand-offs moved this way are numbered in key order, and their records get
-// new sequence numbers in the order they had. The last transaction drops the
-// old buckets and sets the format.
-func (j *Journal) upgrade() error {
-	j.log.Info("upgrading the journal to a new format", "path", j.path, "from", 1, "to", formatVersion)
-	for {
-		done := false
-		err := j.db.Update(func(tx *bolt.Tx) error {
-			if err := createBuckets(tx); err != nil {
-				return err
-			}
-			b := j.buckets(tx)
-			ids := j.resolver(tx, &b)
-			// Indexed at once: the upgrade's last transaction says every
-			// key is in the bucket.
-			ids.index = true
-			steps := tx.Bucket(bucketSteps)
-			n := 0
-			for n < upgradeChunk {
-				k, _ := steps.Cursor().First()
-				if k == nil {
-					break
-				}
-				if len(k) < 8 {
-					return fmt.Errorf("%w: step key of %d bytes", ErrCorrupt, len(k))
-				}
-				key := append([]byte(nil), k[:len(k)-8]...)
-				id, err := ids.id(key)
-				if err != nil {
-					return err
-				}
-				c := steps.Cursor()
-				for k, v := c.Seek(key); k != nil && len(k) == len(key)+8 && bytes.HasPrefix(k, key); k, v = c.Seek(key) {
-					seq, err := b.records.NextSequence()
-					if err != nil {
-						return err
-					}
-					raw := bytes.Clone(v)
-					if err := b.records.Put(binary.BigEndian.AppendUint64(bytes.Clone(id), seq), raw); err != nil {
-						return err
-					}
-					if rec, err := Decode(raw); err == nil {
-						if err := b.index(id, &rec); err != nil {
-							return err
-						}
-					}
-					if err := c.Delete(); err != nil {
-						return err
-					}
-					n++
-				}
-			}
-			if j.o.BeforeCommit != nil {
-				if err := j.o.BeforeCommit(n); err != nil {
-					return err
-				}
-			}
-			if k, _ := steps.Cursor().First(); k != nil {
-				return nil
-			}
-			for _, name := range [][]byte{bucketSteps, bucketOpen, bucketSettled} {
-				if err := tx.DeleteBucket(name); err != nil {
-					return err
-				}
-			}
-			done = true
-			return tx.Bucket(bucketMeta).Put(metaFormat, binary.BigEndian.AppendUint32(nil, formatVersion))
-		})
-		if err != nil {
-			return &upgradeError{err}
-		}
-		if done {
-			return nil
-		}
+// upgradeFile rewrites the journal at path, of an earlier format, in the
+// current one: every hand-off's records, its instance id and its marks go
+// into a new file beside it, which then takes the journal's place. The old
+// file is kept beside it as path.format<N>, untouched: it is what a
+// rollback to the earlier release opens (see the README). A crash part way
+// leaves the old journal where it was, and the next start begins again.
+func upgradeFile(path string, format uint32, o Options) (err error) {
+	o.Logger.Info("upgrading the journal to a new format", "path", path, "from", format, "to", formatVersion)
+	tmp := path + ".upgrading"
+	_ = os.Remove(tmp)
+	src, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Second})
+	if err != nil {
+		return fmt.Errorf("upgrade: %w", err)
 	}
+	defer func() {
+		if src != nil {
+			_ = src.Close()
+		}
+		if err != nil {
+			_ = os.Remove(tmp)
+			err = &upgradeError{err}
+		}
+	}()
+	dst, _, err := Open(tmp, Options{Sync: SyncNone, MaxSize: -1, Retention: 1 << 62, Logger: o.Logger, Now: o.Now, AsyncDelay: -1})
+	if err != nil {
+		return err
+	}
+	var marks map[string]int64
+	var instance string
+	err = src.View(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		instance = string(meta.Get(metaInstance))
+		marks = readMarks(meta)
+		return salvageOld(tx, nil, func(k Key, recs []Record) { dst.AppendAsync(k, recs...) })
+	})
+	if err == nil {
+		err = dst.keepInstanceID(instance)
+	}
+	if err == nil {
+		err = dst.SetMarks(context.Background(), marks)
+	}
+	if cerr := dst.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if err := syncFile(tmp); err != nil {
+		return err
+	}
+	_ = src.Close()
+	src = nil
+	aside := fmt.Sprintf("%s.format%d", path, format)
+	if err := os.Rename(path, aside); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		_ = os.Rename(aside, path)
+		return err
+	}
+	if err := syncFile(filepath.Dir(path)); err != nil {
+		return err
+	}
+	o.Logger.Info("journal upgraded; the earlier file is kept for a rollback", "path", path, "kept", aside)
+	return nil
 }
 
-// upgradeError is a failed upgrade of a journal that was read whole: the
-// file is not damaged (what was not moved yet is still in the old buckets),
-// and the next start goes on.
+func syncFile(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+// salvageOld reads the hand-offs of a format 1 or 2 journal in tx, whole or
+// in part: fn gets each hand-off's records that can be read, in order, and
+// rep (when set) counts those that cannot. Both formats' buckets are read
+// in a journal whose upgrade stopped part way.
+func salvageOld(tx *bolt.Tx, rep *RepairReport, fn func(Key, []Record)) error {
+	records, steps := tx.Bucket(bucketRecords), tx.Bucket(bucketSteps)
+	if records == nil && steps == nil {
+		return errors.New("no records bucket")
+	}
+	if rep == nil {
+		rep = &RepairReport{}
+	}
+	if records != nil {
+		salvageRecords(records, rep, fn)
+	}
+	if steps != nil {
+		salvageSteps(steps, rep, fn)
+	}
+	return nil
+}
+
+// salvageRecords reads the records of a format 2 journal. A record whose
+// hand-off key cannot be read is lost with it.
+func salvageRecords(b *bolt.Bucket, rep *RepairReport, fn func(Key, []Record)) {
+	var id []byte
+	var key *Key
+	var recs []Record
+	flush := func() {
+		if key != nil && len(recs) > 0 {
+			fn(*key, recs)
+		}
+		recs = nil
+	}
+	c := b.Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if len(k) != 2*idLen {
+			rep.Lost++
+			continue
+		}
+		if binary.BigEndian.Uint64(k[idLen:]) == 0 {
+			flush()
+			id, key = append(id[:0], k[:idLen]...), nil
+			if k, rest, err := decodeKey(v); err == nil && len(rest) == 0 {
+				key = &k
+			} else {
+				rep.Lost++
+			}
+			continue
+		}
+		rec, err := Decode(v)
+		if err != nil || key == nil || !bytes.Equal(k[:idLen], id) {
+			rep.Lost++
+			continue
+		}
+		recs = append(recs, rec)
+	}
+	flush()
+}
+
+// salvageSteps reads the records of a format 1 journal.
+func salvageSteps(b *bolt.Bucket, rep *RepairReport, fn func(Key, []Record)) {
+	var cur []byte
+	var key Key
+	var recs []Record
+	flush := func() {
+		if len(recs) > 0 {
+			fn(key, recs)
+		}
+		recs = nil
+	}
+	c := b.Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		rec, err := Decode(v)
+		if err != nil || len(k) < 8 {
+			rep.Lost++
+			continue
+		}
+		kb := k[:len(k)-8]
+		if !bytes.Equal(kb, cur) {
+			flush()
+			dk, rest, err := decodeKey(kb)
+			if err != nil || len(rest) != 0 {
+				rep.Lost++
+				cur = nil
+				continue
+			}
+			cur, key = append(cur[:0], kb...), dk
+		}
+		recs = append(recs, rec)
+	}
+	flush()
+}
+
+// upgradeError is a failed upgrade: the journal is where it was, in its
+// earlier format, and the next start begins the upgrade again.
 type upgradeError struct{ err error }
 
 func (e *upgradeError) Error() string {
-	return fmt.Sprintf("upgrading the journal to format %d: %v (the next start goes on where this one stopped)", formatVersion, e.err)
+	return fmt.Sprintf("upgrading the journal to format %d: %v (the journal is unchanged; the next start tries again)", formatVersion, e.err)
 }
 
 func (e *upgradeError) Unwrap() error { return e.err }

@@ -1,16 +1,38 @@
 package journal
 
 import (
+	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
+
+// openValue and parseOpenValue are the earlier formats' open index value:
+// the time the hand-off opened and its latest hop.
+func openValue(at time.Time, hop int) []byte {
+	return binary.AppendUvarint(appendTime(make([]byte, 0, 8+binary.MaxVarintLen64), at), uint64(hop))
+}
+
+func parseOpenValue(v []byte) (time.Time, int, bool) {
+	if len(v) < 8 {
+		return time.Time{}, 0, false
+	}
+	hop, w := binary.Uvarint(v[8:])
+	if w <= 0 {
+		return time.Time{}, 0, false
+	}
+	return time.Unix(0, int64(binary.BigEndian.Uint64(v[:8]))), int(hop), true
+}
 
 // writeFormat1 writes hand-offs into a new file in format 1's layout, the
 // way that format's writer kept its records and indexes.
@@ -94,11 +116,12 @@ func TestUpgradeFromFormat1(t *testing.T) {
 
 	// What the current format makes of the same records.
 	clock := newFakeClock()
-	want, wantRec := openJournal(t, newPath(t), Options{Now: clock.Now})
+	wantPath := newPath(t)
+	want, _ := openJournal(t, wantPath, Options{Now: clock.Now})
 	for _, k := range keys {
 		appendOK(t, want, k, stories[k]...)
 	}
-	wantRec = recoveryOf(t, want)
+	want, wantRec := reopen(t, want, Options{Now: clock.Now})
 
 	j, rec := openJournal(t, old, Options{Now: clock.Now})
 	if rec != wantRec || rec.Open == 0 {
@@ -163,43 +186,6 @@ func TestUpgradeFromFormat1(t *testing.T) {
 	}
 }
 
-// recoveryOf is what Open would report for j's file now.
-func recoveryOf(t *testing.T, j *Journal) Recovery {
-	t.Helper()
-	var rec Recovery
-	err := j.db.View(func(tx *bolt.Tx) error {
-		b := j.buckets(tx)
-		return b.pending.ForEach(func(id, _ []byte) error {
-			s, err := b.state(id)
-			rec.add(s)
-			return err
-		})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rec
-}
-
-// partlyUpgraded writes 100 format 1 hand-offs at path and opens it with the
-// upgrade's third transaction (of 40 records each) failing; it returns the
-// hand-offs and Open's error.
-func partlyUpgraded(t *testing.T, path string, crash error) ([]Key, map[Key][]Record, error) {
-	t.Helper()
-	defer func(n int) { upgradeChunk = n }(upgradeChunk)
-	upgradeChunk = 40
-	keys, stories := format1Stories(100)
-	writeFormat1(t, path, keys, stories)
-	txs := 0
-	_, _, err := Open(path, testOptions(Options{BeforeCommit: func(int) error {
-		if txs++; txs == 3 {
-			return crash
-		}
-		return nil
-	}}))
-	return keys, stories, err
-}
-
 // repairKeepsAll repairs path and checks that every record of the stories
 // was kept, and that each hand-off has all of its records after.
 func repairKeepsAll(t *testing.T, path string, keys []Key, stories map[Key][]Record) {
@@ -223,19 +209,21 @@ func repairKeepsAll(t *testing.T, path string, keys []Key, stories map[Key][]Rec
 	}
 }
 
-// TestUpgradeResumesAfterAFailure: the upgrade moves hand-offs in
-// transactions of their own; one that fails leaves a journal that the next
-// start goes on upgrading, with every hand-off exactly once.
-func TestUpgradeResumesAfterAFailure(t *testing.T) {
-	crash := errors.New("crash")
+// TestUpgradeAfterACrashedOne: an upgrade writes the new file beside the
+// old one and only then puts it in its place; one cut short leaves the old
+// journal as it was, and the next start upgrades it whole. The old file is
+// kept, byte for byte, for a rollback.
+func TestUpgradeAfterACrashedOne(t *testing.T) {
+	keys, stories := format1Stories(100)
 	path := newPath(t)
-	keys, stories, err := partlyUpgraded(t, path, crash)
-	if !errors.Is(err, crash) {
-		t.Fatalf("Open with the third upgrade transaction failing = %v, want the failure", err)
+	writeFormat1(t, path, keys, stories)
+	before, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
 	}
-	var corrupt *CorruptError
-	if errors.As(err, &corrupt) {
-		t.Errorf("a failed upgrade is reported as a damaged file: %v", err)
+	// What a crash part way leaves: a new file that never took the place.
+	if err := os.WriteFile(path+".upgrading", []byte("half a journal"), 0o600); err != nil {
+		t.Fatal(err)
 	}
 	j, _ := openJournal(t, path, Options{})
 	n := 0
@@ -250,7 +238,14 @@ func TestUpgradeResumesAfterAFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	if n != len(keys) {
-		t.Errorf("%d hand-offs after the resumed upgrade, want %d", n, len(keys))
+		t.Errorf("%d hand-offs after the upgrade, want %d", n, len(keys))
+	}
+	kept, err := os.ReadFile(path + ".format1")
+	if err != nil || !bytes.Equal(kept, before) {
+		t.Errorf("the format 1 file kept for a rollback differs from the journal before the upgrade (%v)", err)
+	}
+	if _, err := os.Stat(path + ".upgrading"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the upgrade's working file is left behind: %v", err)
 	}
 }
 
@@ -278,10 +273,10 @@ func TestRepairFormat1(t *testing.T) {
 	repairKeepsAll(t, path, keys, stories)
 }
 
-// TestUpgradeKeepsADamagedRecord: a record that cannot be read moves across
-// as it is, shown as unreadable, as format 1 showed it; the upgrade does not
-// stop on it.
-func TestUpgradeKeepsADamagedRecord(t *testing.T) {
+// TestUpgradeSkipsADamagedRecord: a record that cannot be read does not
+// stop the upgrade; the rest of its hand-off and every other one come
+// across, and the old file keeps the damaged record for a look.
+func TestUpgradeSkipsADamagedRecord(t *testing.T) {
 	keys, stories := format1Stories(16)
 	path := newPath(t)
 	writeFormat1(t, path, keys, stories)
@@ -292,9 +287,8 @@ func TestUpgradeKeepsADamagedRecord(t *testing.T) {
 		return damage(steps, k, v)
 	})
 	j, _ := openJournal(t, path, Options{})
-	steps := timeline(t, j, damaged)
-	if len(steps) != len(stories[damaged]) || steps[0].Kind != 0 || !strings.Contains(steps[0].Detail, ErrCorrupt.Error()) {
-		t.Fatalf("timeline of the damaged hand-off = %+v, want its %d records, the first shown as unreadable", steps, len(stories[damaged]))
+	if steps := timeline(t, j, damaged); len(steps) != len(stories[damaged])-1 {
+		t.Fatalf("timeline of the damaged hand-off = %+v, want its %d readable records", steps, len(stories[damaged])-1)
 	}
 	for _, k := range keys[:len(keys)-1] {
 		if got := timeline(t, j, k); len(got) != len(stories[k]) {
@@ -303,13 +297,123 @@ func TestUpgradeKeepsADamagedRecord(t *testing.T) {
 	}
 }
 
-// TestRepairOfAPartlyUpgradedJournal reads both layouts' buckets: the
-// hand-offs the upgrade had moved and those it had not.
-func TestRepairOfAPartlyUpgradedJournal(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "journal.db")
-	keys, stories, err := partlyUpgraded(t, path, errors.New("crash"))
-	if err == nil {
-		t.Fatal("Open with a failing upgrade transaction succeeded")
+// format2Want is what the release that wrote testdata/format2.journal read
+// in it: the instance id, the recovery counts, and each hand-off's state
+// and timeline.
+type format2Want struct {
+	Instance  string
+	Recovery  Recovery
+	States    map[string]State
+	Timelines map[string][]Step
+}
+
+// TestUpgradeFromFormat2 opens a journal written by the release before this
+// layout (testdata/format2.journal: hand-offs in every phase, a replay, a
+// Kafka position, a mark) and reads in it what that release read: the same
+// instance id, recovery counts, states and timelines.
+func TestUpgradeFromFormat2(t *testing.T) {
+	var want format2Want
+	data, err := os.ReadFile("testdata/format2.want.json")
+	if err != nil {
+		t.Fatal(err)
 	}
-	repairKeepsAll(t, path, keys, stories)
+	if err := json.Unmarshal(data, &want); err != nil {
+		t.Fatal(err)
+	}
+	path := newPath(t)
+	if err := copyFile("testdata/format2.journal", path); err != nil {
+		t.Fatal(err)
+	}
+	j, rec := openJournal(t, path, Options{})
+	if rec != want.Recovery {
+		t.Errorf("Recovery = %+v, want %+v", rec, want.Recovery)
+	}
+	if j.InstanceID() != want.Instance {
+		t.Errorf("instance id %q, want %q", j.InstanceID(), want.Instance)
+	}
+	if v, ok, err := j.Mark("kafka:payments/0"); err != nil || !ok || v != 7 {
+		t.Errorf("mark = %d, %v, %v; want 7", v, ok, err)
+	}
+	if len(want.States) != 8 {
+		t.Fatalf("the fixture holds %d hand-offs, want 8", len(want.States))
+	}
+	for name, ws := range want.States {
+		k := keyOf(t, name)
+		gs, err := j.State(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(normState(gs), normState(ws)) {
+			t.Errorf("%s: State = %+v, want %+v", name, gs, ws)
+		}
+		got := timeline(t, j, k)
+		if len(got) != len(want.Timelines[name]) {
+			t.Fatalf("%s: %d records, want %d", name, len(got), len(want.Timelines[name]))
+		}
+		for i := range got {
+			if !equalRecord(got[i].Record, want.Timelines[name][i].Record) {
+				t.Errorf("%s record %d = %+v, want %+v", name, i, got[i].Record, want.Timelines[name][i].Record)
+			}
+		}
+	}
+	if _, err := os.Stat(path + ".format2"); err != nil {
+		t.Errorf("the format 2 file is not kept for a rollback: %v", err)
+	}
+}
+
+// keyOf reads a Key back from its String.
+func keyOf(t *testing.T, s string) Key {
+	t.Helper()
+	src, rest, ok := strings.Cut(s, "/")
+	if !ok {
+		t.Fatalf("key %q", s)
+	}
+	id, replay, _ := strings.Cut(rest, "@")
+	return Key{Source: src, EventID: id, ReplayID: replay}
+}
+
+// normState makes two states comparable: times in UTC, Last's time only.
+func normState(s State) State {
+	s.FirstAttemptAt = s.FirstAttemptAt.UTC()
+	s.Last = Record{Kind: s.Last.Kind, At: s.Last.At.UTC()}
+	if s.Copy != nil {
+		c := *s.Copy
+		c.At = c.At.UTC()
+		s.Copy = &c
+	}
+	return s
+}
+
+// TestRepairFormat2: a damaged journal of the release before this layout is
+// repaired into this one, with every readable record.
+func TestRepairFormat2(t *testing.T) {
+	var want format2Want
+	data, err := os.ReadFile("testdata/format2.want.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, &want); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "journal.db")
+	if err := copyFile("testdata/format2.journal", path); err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for _, tl := range want.Timelines {
+		total += len(tl)
+	}
+	rep, err := Repair(path)
+	if err != nil || rep.Stopped != nil || rep.Kept != total || rep.Lost != 0 {
+		t.Fatalf("Repair = %+v, %v; want %d records kept, none lost", rep, err, total)
+	}
+	j, _ := openJournal(t, path, Options{})
+	if j.InstanceID() != want.Instance {
+		t.Errorf("instance id %q after the repair, want %q", j.InstanceID(), want.Instance)
+	}
+	for name, tl := range want.Timelines {
+		if got := timeline(t, j, keyOf(t, name)); len(got) != len(tl) {
+			t.Errorf("%s: %d records after the repair, want %d", name, len(got), len(tl))
+		}
+	}
 }
