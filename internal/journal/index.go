@@ -36,11 +36,37 @@ var bucketIndex = []byte("index")
 // eventHash is the index's key for an event: its source and id, not its
 // replay, so that every hand-off of an event shares one chain.
 func eventHash(k Key) uint64 {
-	var buf [256]byte
-	b := binary.AppendUvarint(buf[:0], uint64(len(k.Source)))
-	b = append(b, k.Source...)
-	b = append(b, k.EventID...)
-	return xxhash.Sum64(b)
+	d := eventDigest(k)
+	return d.Sum64()
+}
+
+// keyCheck is the check a part names its hand-off by after the first: the
+// event's digest, continued with the replay id.
+func keyCheck(k Key) uint32 {
+	d := eventDigest(k)
+	return checkOf(&d, k)
+}
+
+// hashes is eventHash and keyCheck of k, from one digest.
+func hashes(k Key) (uint64, uint32) {
+	d := eventDigest(k)
+	return d.Sum64(), checkOf(&d, k)
+}
+
+func eventDigest(k Key) xxhash.Digest {
+	var d xxhash.Digest
+	d.Reset()
+	var n [binary.MaxVarintLen64]byte
+	_, _ = d.Write(n[:binary.PutUvarint(n[:], uint64(len(k.Source)))])
+	_, _ = d.WriteString(k.Source)
+	_, _ = d.WriteString(k.EventID)
+	return d
+}
+
+func checkOf(d *xxhash.Digest, k Key) uint32 {
+	_, _ = d.Write([]byte{0})
+	_, _ = d.WriteString(k.ReplayID)
+	return uint32(d.Sum64() >> 32)
 }
 
 // openEntry is an event with a hand-off open: its newest part, and the hop

@@ -191,7 +191,15 @@ type Journal struct {
 type request struct {
 	key  Key
 	recs []Record
-	done chan error // nil: nobody waits
+	// wait is where the commit's error goes; nil: nobody waits.
+	wait chan error
+	// done is wait's channel, kept with a pooled request while it is not
+	// waited on.
+	done chan error
+	// pooled requests (Append, AppendAsync) go back to the pool: an
+	// AppendAsync's once the writer is done with it.
+	pooled bool
+	inline [4]Record
 	// probe is a request that writes no records: its commit only says
 	// whether the journal can be written (Probe).
 	probe bool
@@ -338,11 +346,25 @@ func (j *Journal) Path() string { return j.path }
 // Append writes recs for k and returns once they are durable (as Sync
 // defines it). The records of one call commit together or not at all.
 func (j *Journal) Append(ctx context.Context, k Key, recs ...Record) error {
-	return j.await(ctx, &request{key: k, recs: recs, done: make(chan error, 1)})
+	req := newRecords(k, recs, true)
+	err := j.enqueue(ctx, req)
+	if err != nil {
+		req.free()
+		return err
+	}
+	select {
+	case err = <-req.done:
+		req.free()
+		return err
+	case <-ctx.Done():
+		// The writer still holds it, and will answer it: it is not reused.
+		return ctx.Err()
+	}
 }
 
 // await queues req and waits for its commit.
 func (j *Journal) await(ctx context.Context, req *request) error {
+	req.wait = req.done
 	if err := j.enqueue(ctx, req); err != nil {
 		return err
 	}
@@ -357,7 +379,40 @@ func (j *Journal) await(ctx context.Context, req *request) error {
 // AppendAsync queues recs for k without waiting for them to be durable: for
 // records whose loss in a crash costs nothing but a line of history.
 func (j *Journal) AppendAsync(k Key, recs ...Record) {
-	_ = j.enqueue(context.Background(), &request{key: k, recs: recs})
+	req := newRecords(k, recs, false)
+	if err := j.enqueue(context.Background(), req); err != nil {
+		req.free()
+	}
+}
+
+// requests are reused: a hand-off makes three, and the records they carry
+// are copied into them, so that neither the requests nor the callers'
+// records are allocated per call.
+var requests = sync.Pool{New: func() any { return &request{done: make(chan error, 1)} }}
+
+// newRecords is a request for recs of k, from the pool. A waited one keeps
+// its done channel; one nobody waits for is freed by the writer.
+func newRecords(k Key, recs []Record, waited bool) *request {
+	req := requests.Get().(*request)
+	req.key, req.pooled = k, true
+	req.recs = append(req.inline[:0], recs...)
+	if waited {
+		req.wait = req.done
+	}
+	return req
+}
+
+// free returns req to the pool, its records dropped.
+func (r *request) free() {
+	if !r.pooled {
+		return
+	}
+	clear(r.inline[:])
+	if cap(r.recs) > len(r.inline) {
+		r.recs = nil // a large one's own array goes with it
+	}
+	r.recs, r.wait, r.key = nil, nil, Key{}
+	requests.Put(r)
 }
 
 func (j *Journal) enqueue(ctx context.Context, req *request) error {
@@ -453,8 +508,10 @@ func (j *Journal) writer() {
 			}
 		}
 		for _, r := range batch {
-			if r.done != nil {
-				r.done <- err
+			if r.wait != nil {
+				r.wait <- err // its caller frees it, if pooled
+			} else {
+				r.free()
 			}
 		}
 	}
@@ -474,7 +531,7 @@ func (j *Journal) gather(batch []*request, n int) ([]*request, *request) {
 	var linger <-chan time.Time
 	waited := false
 	for _, r := range batch {
-		waited = waited || r.done != nil
+		waited = waited || r.wait != nil
 	}
 	for n < j.o.MaxBatch {
 		var r *request
@@ -508,7 +565,7 @@ func (j *Journal) gather(batch []*request, n int) ([]*request, *request) {
 		}
 		batch = append(batch, r)
 		n += len(r.recs)
-		if r.done != nil && !waited {
+		if r.wait != nil && !waited {
 			// Somebody waits now: from here on this is a batch like any,
 			// which takes what is queued and lingers only after a busy one.
 			waited, linger = true, nil
@@ -524,7 +581,7 @@ const defaultAsyncDelay = 5 * time.Millisecond
 // own, but queued records nobody waits for (AppendAsync) ride along with the
 // next transaction instead of costing an fsync each.
 func (j *Journal) gatherAsync(batch []*request, n int) ([]*request, *request) {
-	if batch[len(batch)-1].done != nil {
+	if batch[len(batch)-1].wait != nil {
 		return batch, nil // a waited request closes the transaction
 	}
 	for n < j.o.MaxBatch {
@@ -543,7 +600,7 @@ func (j *Journal) gatherAsync(batch []*request, n int) ([]*request, *request) {
 		}
 		batch = append(batch, r)
 		n += len(r.recs)
-		if r.done != nil {
+		if r.wait != nil {
 			return batch, nil
 		}
 	}

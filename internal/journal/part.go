@@ -15,6 +15,8 @@ import (
 //	part  = uvarint(len body) ‖ body ‖ CRC-32C(body) (4 bytes, little-endian)
 //	body  = flags ‖ key or key check ‖ prev ‖ uvarint(n) ‖ record…
 //
+// A record without a time is written at the base time: the commit's.
+//
 // A part is one hand-off's records of that commit. It names its hand-off
 // with the whole key the first time (flagKey), and with a CRC-32C of the
 // encoded key after that, and it links to the previous part of the same
@@ -68,12 +70,6 @@ func makeRef(seq uint64, off int) ref { return ref(seq<<offsetBits | uint64(off)
 func (r ref) seq() uint64             { return uint64(r) >> offsetBits }
 func (r ref) off() int                { return int(uint64(r) & (1<<offsetBits - 1)) }
 
-// keyCheck is the check a part names its hand-off by after the first.
-func keyCheck(k Key) uint32 {
-	var buf [256]byte
-	return crc32.Checksum(k.encode(buf[:0]), castagnoli)
-}
-
 // appendValueHeader starts a value; setNewest completes its header.
 func appendValueHeader(dst []byte, base time.Time) []byte {
 	return binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(append(dst, logVersion), uint64(base.UnixNano())), 0)
@@ -116,7 +112,7 @@ func (p *partHead) names(k Key, c uint32) bool {
 
 // appendPart appends the part of hand-off k at seq, linked to prev, holding
 // recs, to value (whose base time is base).
-func appendPart(value []byte, seq uint64, flags byte, k Key, prev ref, recs []Record, base int64) []byte {
+func appendPart(value []byte, seq uint64, flags byte, k Key, check uint32, prev ref, recs []Record, base int64) []byte {
 	start := len(value)
 	// The body's length goes first; reserve the most it can take and move
 	// the body down if it took less.
@@ -126,7 +122,7 @@ func appendPart(value []byte, seq uint64, flags byte, k Key, prev ref, recs []Re
 	if flags&flagKey != 0 {
 		value = k.encode(value)
 	} else {
-		value = binary.LittleEndian.AppendUint32(value, keyCheck(k))
+		value = binary.LittleEndian.AppendUint32(value, check)
 	}
 	if prev == 0 {
 		value = append(value, 0)
@@ -234,7 +230,7 @@ func appendRecord(dst []byte, r *Record, base int64) []byte {
 			mask |= bit
 		}
 	}
-	set(fAt, !r.At.IsZero())
+	set(fAt, true)
 	set(fAttempt, r.Attempt != 0)
 	set(fOutcome, r.Outcome != 0)
 	set(fStatus, r.Status != 0)
@@ -245,8 +241,10 @@ func appendRecord(dst []byte, r *Record, base int64) []byte {
 	set(fDest, r.Dest != "")
 	set(fTrail, len(r.Trail) > 0)
 	dst = binary.AppendUvarint(append(dst, byte(r.Kind)), mask)
-	if mask&fAt != 0 {
+	if !r.At.IsZero() {
 		dst = binary.AppendVarint(dst, r.At.UnixNano()-base)
+	} else {
+		dst = append(dst, 0)
 	}
 	if mask&fAttempt != 0 {
 		dst = binary.AppendVarint(dst, int64(r.Attempt))

@@ -86,21 +86,12 @@ func (w *logWriter) part(k Key, recs []Record, flags byte) error {
 	j := w.j
 	for i := range recs {
 		if recs[i].At.IsZero() {
-			// A copy: the caller's records are its own.
-			recs = slices.Clone(recs)
-			for i := range recs {
-				if recs[i].At.IsZero() {
-					recs[i].At = w.now
-				}
-			}
-			break
+			w.newestAt = max(w.newestAt, w.base) // written at the base time
+		} else {
+			w.newestAt = max(w.newestAt, recs[i].At.UnixNano())
 		}
 	}
-	for i := range recs {
-		w.newestAt = max(w.newestAt, recs[i].At.UnixNano())
-	}
-	h := eventHash(k)
-	check := keyCheck(k)
+	h, check := hashes(k)
 	prev, prevCheck, known, err := w.newest(h)
 	if err != nil {
 		return err
@@ -112,7 +103,7 @@ func (w *logWriter) part(k Key, recs []Record, flags byte) error {
 		flags |= flagKey
 	}
 	off := len(j.slab) - w.start
-	j.slab = appendPart(j.slab, w.seq, flags, k, prev, recs, w.base)
+	j.slab = appendPart(j.slab, w.seq, flags, k, check, prev, recs, w.base)
 	if len(j.slab)-w.start > j.valueFits() && off > valueHeader {
 		// It does not fit what is left of this value: the next one.
 		j.slab = j.slab[:w.start+off]
@@ -120,7 +111,7 @@ func (w *logWriter) part(k Key, recs []Record, flags byte) error {
 			return err
 		}
 		off = len(j.slab) - w.start
-		j.slab = appendPart(j.slab, w.seq, flags, k, prev, recs, w.base)
+		j.slab = appendPart(j.slab, w.seq, flags, k, check, prev, recs, w.base)
 	}
 	if len(j.slab)-w.start > maxValue {
 		return fmt.Errorf("journal: hand-off %s: %d bytes of records in one commit", k, len(j.slab)-w.start)
