@@ -25,7 +25,7 @@ func BenchmarkSetHeaders(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		h := make(http.Header, 12)
+		h := make(http.Header, headerCap(r))
 		setHeaders(h, r)
 	}
 }

@@ -145,7 +145,7 @@ func (h *HTTP) Deliver(ctx context.Context, r *Request) Result {
 	if err != nil {
 		return Result{Outcome: budget.Permanent, Detail: "build request: " + errorDetail(err)}
 	}
-	req.Header = make(http.Header, 10+len(r.Message.Headers)) // no growing
+	req.Header = make(http.Header, headerCap(r)+h.authCap()) // never grown
 	setHeaders(req.Header, r)
 	h.authorize(req)
 	resp, err := h.tr.RoundTrip(req)
@@ -168,6 +168,14 @@ func (h *HTTP) Deliver(ctx context.Context, r *Request) Result {
 		}
 	}
 	return res
+}
+
+// authCap is how many headers authorize may add.
+func (h *HTTP) authCap() int {
+	if h.user == nil {
+		return 0
+	}
+	return 1
 }
 
 // authorize sends the URL's user and password as basic auth, as http.Client
