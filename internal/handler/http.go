@@ -157,10 +157,14 @@ func (h *HTTP) Deliver(ctx context.Context, r *Request) Result {
 		return Result{Outcome: transportOutcome(err), Detail: errorDetail(err), Latency: h.now().Sub(start)}
 	}
 	var evidence []byte
-	if resp.StatusCode/100 != 2 {
-		evidence, _ = io.ReadAll(io.LimitReader(resp.Body, evidenceLen))
+	if resp.Body != http.NoBody {
+		// An answer with no body (Content-Length: 0) has already given its
+		// connection back; any other must be read to its end first.
+		if resp.StatusCode/100 != 2 {
+			evidence, _ = io.ReadAll(io.LimitReader(resp.Body, evidenceLen))
+		}
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
 	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
 	_ = resp.Body.Close()
 	end := h.now()
 	o, after := h.classifier.Response(resp.StatusCode, resp.Header, end)
