@@ -179,3 +179,20 @@ func TestNewRequestMatchesNetHTTP(t *testing.T) {
 		})
 	}
 }
+
+// The sidecar does not ask for compressed answers, so an error's evidence
+// is what the app wrote, and an app that compresses on request does not.
+func TestDeliverAsksForNoCompression(t *testing.T) {
+	srv, seen := recordingApp(t, func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusUnprocessableEntity)
+		_, _ = io.WriteString(w, "order 42 has no lines")
+	})
+	h := newClient(t, srv.URL, 1)
+	res := h.Deliver(context.Background(), request(&broker.Message{Body: []byte("x")}))
+	if got := one(t, seen).header.Values("Accept-Encoding"); len(got) != 0 {
+		t.Errorf("Accept-Encoding = %q, want none", got)
+	}
+	if res.Detail != "HTTP 422: order 42 has no lines" {
+		t.Errorf("Detail = %q, want the app's own words", res.Detail)
+	}
+}
