@@ -85,7 +85,7 @@ func setHeaders(h http.Header, r *Request) {
 	set("Handoff-Attempt", strconv.Itoa(r.Attempt))
 	if !r.Deadline.IsZero() {
 		var buf [40]byte
-		set("Handoff-Deadline", string(r.Deadline.UTC().AppendFormat(buf[:0], broker.TimeLayout)))
+		set("Handoff-Deadline", string(appendTime(buf[:0], r.Deadline)))
 	}
 	set("Handoff-Redelivered", strconv.FormatBool(r.Redelivered))
 	if r.ReplayID != "" {
