@@ -67,11 +67,13 @@ func setHeaders(h http.Header, r *Request) {
 	}
 	ceSource, ceType, contentType := ceAttributes(r, func(attr, v string) {
 		if validName(attr) {
-			setOnce(http.CanonicalHeaderKey("ce-"+attr), v)
+			setOnce(attributeNames.canonical(attr), v)
 		}
 	}, func(k, v string) {
-		name := http.CanonicalHeaderKey(k)
-		if validName(k) && !reserved[name] && !strings.HasPrefix(name, "Proxy-") {
+		if !validName(k) {
+			return
+		}
+		if name := messageNames.canonical(k); !reserved[name] && !strings.HasPrefix(name, "Proxy-") {
 			setOnce(name, v)
 		}
 	})
