@@ -291,11 +291,7 @@ func (h *HTTP) SendBatch(ctx context.Context, reqs []*Request) (each []Result, w
 	if err != nil {
 		return nil, Result{Outcome: budget.Permanent, Detail: "encode batch: " + err.Error()}, false
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.url, bytes.NewReader(body))
-	if err != nil {
-		return nil, Result{Outcome: budget.Permanent, Detail: "build request: " + errorDetail(err)}, false
-	}
-	req.Header.Set("Content-Type", BatchContentType)
+	req := h.newRequest(ctx, body, http.Header{"Content-Type": {BatchContentType}})
 	h.authorize(req)
 	resp, err := h.tr.RoundTrip(req)
 	if err != nil {

@@ -19,12 +19,40 @@ var reserved = map[string]bool{
 	"Keep-Alive": true, "Expect": true, "Proxy-Authorization": true, "Proxy-Connection": true,
 }
 
+// headerCap is at least how many headers setHeaders sets for r, and as few
+// as can be told without reading the headers twice: a map made for up to
+// eight is one group, made once, and one for more costs twice the
+// allocations.
+func headerCap(r *Request) int {
+	// Ce-Id, Ce-Specversion, Ce-Source, Ce-Type, Handoff-Attempt and
+	// Handoff-Redelivered are always set.
+	n := 6
+	if !r.Deadline.IsZero() {
+		n++
+	}
+	if r.ReplayID != "" {
+		n++
+	}
+	if r.TraceParent != "" {
+		n += 2 // Traceparent and Tracestate
+	}
+	m := r.Message
+	if e := m.Event; e != nil {
+		n += len(e.Attrs) + 1 // Content-Type
+	} else if m.ContentType != "" {
+		n++
+	}
+	// Each of the message's own headers sets at most one, a
+	// datacontenttype attribute among them Content-Type.
+	return n + len(m.Headers)
+}
+
 // setHeaders writes the CloudEvents attributes, the Handoff-* attempt headers
 // and the message's own headers onto an HTTP request.
 func setHeaders(h http.Header, r *Request) {
 	// One array backs every value the sidecar sets (each header holds a
 	// one-element slice of it): an allocation per call, not per header.
-	vals := make([]string, 0, 9+len(r.Message.Headers))
+	vals := make([]string, 0, headerCap(r))
 	set := func(name, v string) {
 		vals = append(vals, v)
 		h[name] = vals[len(vals)-1 : len(vals) : len(vals)]
@@ -39,11 +67,13 @@ func setHeaders(h http.Header, r *Request) {
 	}
 	ceSource, ceType, contentType := ceAttributes(r, func(attr, v string) {
 		if validName(attr) {
-			setOnce(http.CanonicalHeaderKey("ce-"+attr), v)
+			setOnce(attributeNames.canonical(attr), v)
 		}
 	}, func(k, v string) {
-		name := http.CanonicalHeaderKey(k)
-		if validName(k) && !reserved[name] && !strings.HasPrefix(name, "Proxy-") {
+		if !validName(k) {
+			return
+		}
+		if name := messageNames.canonical(k); !reserved[name] && !strings.HasPrefix(name, "Proxy-") {
 			setOnce(name, v)
 		}
 	})
@@ -57,7 +87,7 @@ func setHeaders(h http.Header, r *Request) {
 	set("Handoff-Attempt", strconv.Itoa(r.Attempt))
 	if !r.Deadline.IsZero() {
 		var buf [40]byte
-		set("Handoff-Deadline", string(r.Deadline.UTC().AppendFormat(buf[:0], broker.TimeLayout)))
+		set("Handoff-Deadline", string(appendTime(buf[:0], r.Deadline)))
 	}
 	set("Handoff-Redelivered", strconv.FormatBool(r.Redelivered))
 	if r.ReplayID != "" {

@@ -65,7 +65,9 @@ type HTTPOptions struct {
 // HTTP delivers messages with POST in CloudEvents binary content mode. It is
 // safe for concurrent use.
 type HTTP struct {
-	url           string
+	// target is the request URL, parsed once and shared by every call: it
+	// is only read, by the transport as by this client.
+	target        *url.URL
 	network, addr string // tcp host:port or unix path, for Probe
 	// tr makes the calls. Not through an http.Client: a redirect is the
 	// app's answer, classified like any other (3xx is permanent by default),
@@ -111,15 +113,24 @@ func NewHTTP(o HTTPOptions) (*HTTP, error) {
 			return dialer.DialContext(ctx, "unix", tg.Addr)
 		}
 	}
+	// Parsed and normalized as http.NewRequest does on every call.
+	tmpl, err := http.NewRequest(http.MethodPost, target, nil)
+	if err != nil {
+		return nil, fmt.Errorf("handler url: %w", redact.Error(err))
+	}
 	tr := &http.Transport{
-		Proxy:               nil, // the app is local; never route it through a proxy
+		Proxy: nil, // the app is local; never route it through a proxy
+		// Of an answer the sidecar reads at most the evidence and drains
+		// the rest: asking for gzip would only add a header to every call,
+		// a header map the transport makes for it, and work for the app.
+		DisableCompression:  true,
 		DialContext:         dial,
 		MaxIdleConns:        n,
 		MaxIdleConnsPerHost: n,
 		IdleConnTimeout:     90 * time.Second,
 		TLSHandshakeTimeout: 5 * time.Second,
 	}
-	return &HTTP{url: target, network: tg.Network, addr: tg.Addr, tr: tr, user: u.User, classifier: o.Classifier, now: time.Now}, nil
+	return &HTTP{target: tmpl.URL, network: tg.Network, addr: tg.Addr, tr: tr, user: u.User, classifier: o.Classifier, now: time.Now}, nil
 }
 
 // Close releases idle connections.
@@ -141,22 +152,23 @@ func (h *HTTP) Deliver(ctx context.Context, r *Request) Result {
 	start := h.now()
 	ctx, cancel := context.WithTimeout(ctx, r.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.url, bytes.NewReader(r.Message.Data()))
-	if err != nil {
-		return Result{Outcome: budget.Permanent, Detail: "build request: " + errorDetail(err)}
-	}
-	req.Header = make(http.Header, 10+len(r.Message.Headers)) // no growing
-	setHeaders(req.Header, r)
+	hdr := make(http.Header, headerCap(r)+h.authCap()) // never grown
+	setHeaders(hdr, r)
+	req := h.newRequest(ctx, r.Message.Data(), hdr)
 	h.authorize(req)
 	resp, err := h.tr.RoundTrip(req)
 	if err != nil {
 		return Result{Outcome: transportOutcome(err), Detail: errorDetail(err), Latency: h.now().Sub(start)}
 	}
 	var evidence []byte
-	if resp.StatusCode/100 != 2 {
-		evidence, _ = io.ReadAll(io.LimitReader(resp.Body, evidenceLen))
+	if resp.Body != http.NoBody {
+		// An answer with no body (Content-Length: 0) has already given its
+		// connection back; any other must be read to its end first.
+		if resp.StatusCode/100 != 2 {
+			evidence, _ = io.ReadAll(io.LimitReader(resp.Body, evidenceLen))
+		}
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
 	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
 	_ = resp.Body.Close()
 	end := h.now()
 	o, after := h.classifier.Response(resp.StatusCode, resp.Header, end)
@@ -168,6 +180,44 @@ func (h *HTTP) Deliver(ctx context.Context, r *Request) Result {
 		}
 	}
 	return res
+}
+
+// newRequest is http.NewRequestWithContext(ctx, POST, target, body) with
+// header, less what that repeats on every call: parsing the URL and making
+// a header map to be replaced. The body stays an io.NopCloser of a
+// *bytes.Reader, which the transport knows is in memory: it sends
+// Content-Length and writes the head and body together, and GetBody lets it
+// send the request again on a new connection when a pooled one turns out to
+// be closed before anything was written.
+func (h *HTTP) newRequest(ctx context.Context, body []byte, header http.Header) *http.Request {
+	req := &http.Request{
+		Method:     http.MethodPost,
+		URL:        h.target,
+		Proto:      "HTTP/1.1",
+		ProtoMajor: 1,
+		ProtoMinor: 1,
+		Header:     header,
+		Host:       h.target.Host,
+	}
+	if len(body) == 0 {
+		req.Body = http.NoBody
+		req.GetBody = noBody
+	} else {
+		req.ContentLength = int64(len(body))
+		req.Body = io.NopCloser(bytes.NewReader(body))
+		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	}
+	return req.WithContext(ctx)
+}
+
+func noBody() (io.ReadCloser, error) { return http.NoBody, nil }
+
+// authCap is how many headers authorize may add.
+func (h *HTTP) authCap() int {
+	if h.user == nil {
+		return 0
+	}
+	return 1
 }
 
 // authorize sends the URL's user and password as basic auth, as http.Client
