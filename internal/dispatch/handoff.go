@@ -69,12 +69,12 @@ func (h *handoff) run(ctx context.Context) {
 	e := h.e
 	ok := h.readTrail()
 	e.o.Observer.Received(h.r.Name, h.retry)
-	unlock, err := e.keys.lock(ctx, h.key)
+	kl, err := e.keys.lock(ctx, h.key)
 	if err != nil {
 		e.handBack(h.d)
 		return
 	}
-	defer unlock()
+	defer e.keys.unlock(h.key, kl)
 	if !ok {
 		h.deadLetter(ctx, budget.ReasonMalformed)
 		return
