@@ -47,7 +47,8 @@ func (h *handoff) attempt(ctx context.Context) {
 				return
 			}
 		}
-		req := handler.Request{
+		req := h.request()
+		*req = handler.Request{
 			Message:     h.msg,
 			EventID:     t.EventID,
 			Source:      h.r.CESource,
@@ -94,8 +95,8 @@ func (h *handoff) attempt(ctx context.Context) {
 		// The span lasts until the outcome is settled, and ends on every
 		// way out below, once: before a hold or an in-place wait, neither
 		// of which is this attempt's work.
-		actx, span := h.startAttempt(ctx, &req)
-		res := e.o.Handler.Deliver(ctx, &req)
+		actx, span := h.startAttempt(ctx, req)
+		res := e.o.Handler.Deliver(ctx, req)
 		if ctx.Err() != nil {
 			// Shutdown cut the call short: its result says nothing about the app.
 			endAttempt(span, res)

@@ -7,6 +7,7 @@ import (
 
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/budget"
+	"handoff.dev/handoff/internal/handler"
 	"handoff.dev/handoff/internal/journal"
 )
 
@@ -55,6 +56,41 @@ type handoff struct {
 	// for a message that carried none: its copies carry it (see
 	// startAttempt).
 	rootTrace, rootState string
+
+	// space holds the walk's usual journal records (room is what is left
+	// of them) and its first request, made on first use (see records and
+	// request).
+	space   *walkSpace
+	room    []journal.Record
+	reqUsed bool
+}
+
+// walkSpace is what a healthy message's walk needs of the heap — RECEIVED
+// with ATTEMPT, OUTCOME and SETTLED for the journal, and the first call's
+// request — in one allocation instead of one each.
+type walkSpace struct {
+	recs [4]journal.Record
+	req  handler.Request
+}
+
+func (h *handoff) walkSpace() *walkSpace {
+	if h.space == nil {
+		h.space = new(walkSpace)
+		h.room = h.space.recs[:]
+	}
+	return h.space
+}
+
+// request returns a request for an attempt's call. The first is from the
+// walk's space; a later one is new, because a call cut short may leave its
+// request with the deliverer (a batch still in flight) after Deliver
+// returns.
+func (h *handoff) request() *handler.Request {
+	if h.reqUsed {
+		return new(handler.Request)
+	}
+	h.reqUsed = true
+	return &h.walkSpace().req
 }
 
 // logger returns the hand-off's logger, with its source and event id.
