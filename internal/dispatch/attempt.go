@@ -206,7 +206,9 @@ func (h *handoff) fenced(ctx context.Context) bool {
 		return true
 	}
 	ch := f.Durable()
-	if ch == nil {
+	if ch == nil || isClosed(ch) {
+		// Mostly durable by now. Read without the channel's lock, which a
+		// select takes: one poll's deliveries share the channel.
 		return true
 	}
 	select {

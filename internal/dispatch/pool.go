@@ -15,15 +15,15 @@ import (
 type pool struct {
 	run func(*walk)
 	// tasks is unbuffered: a send goes through only to a parked worker.
+	// Closed, it makes parked workers exit.
 	tasks   chan walk
-	stop    chan struct{} // closed: parked workers exit
-	idle    atomic.Int32  // workers parked or about to park
+	idle    atomic.Int32 // workers parked or about to park
 	maxIdle int32
 	wg      sync.WaitGroup
 }
 
 func newPool(run func(*walk), maxIdle int) *pool {
-	return &pool{run: run, tasks: make(chan walk), stop: make(chan struct{}), maxIdle: int32(max(maxIdle, 1))}
+	return &pool{run: run, tasks: make(chan walk), maxIdle: int32(max(maxIdle, 1))}
 }
 
 // start runs w on a parked worker, or on a new one.
@@ -46,19 +46,19 @@ func (p *pool) worker(w walk) {
 			p.idle.Add(-1)
 			return
 		}
-		select {
-		case w = <-p.tasks:
-			p.idle.Add(-1)
-		case <-p.stop:
+		var ok bool
+		if w, ok = <-p.tasks; !ok {
 			return
 		}
+		p.idle.Add(-1)
 	}
 }
 
 // close makes parked workers exit, and those still walking exit when their
-// walk ends; wait says whether to wait for them all.
+// walk ends; wait says whether to wait for them all. No walk may start
+// after it.
 func (p *pool) close(wait bool) {
-	close(p.stop)
+	close(p.tasks)
 	if wait {
 		p.wg.Wait()
 	}
