@@ -131,17 +131,8 @@ func (h *handoff) attempt(ctx context.Context) {
 				Outcome: uint8(budget.Unreachable), Detail: res.Detail})
 			recorded = 0
 			e.gate.hold(ctx)
-			select {
-			case <-ctx.Done():
-				h.handBack()
+			if !await(h, ctx, h.intake.Done(), e.gate.openChan(), "delivery lost while the app was unreachable; the broker redelivers it") {
 				return
-			case <-h.intake.Done():
-				h.handBack()
-				return
-			case <-h.d.Lost():
-				h.logger().Warn("delivery lost while the app was unreachable; the broker redelivers it")
-				return
-			case <-e.gate.openChan():
 			}
 			continue
 		}
@@ -185,15 +176,30 @@ func (h *handoff) attemptAfter(ctx context.Context, due time.Time) {
 func (h *handoff) wait(ctx context.Context, due time.Time) bool {
 	t := time.NewTimer(max(due.Sub(h.e.now()), 0))
 	defer t.Stop()
+	if !await(h, ctx, h.intake.Done(), t.C, "") {
+		return false
+	}
+	h.trail.NextDue = time.Time{}
+	return true
+}
+
+// await waits for ch and reports whether it came before the walk had to
+// end. The walk ends when ctx is done or intake stops (nil: the wait goes
+// on through a stop of intake), and the delivery is handed back; or when
+// the delivery is lost, which is left to the broker (and lost, when not
+// empty, logged).
+func await[T any](h *handoff, ctx context.Context, intake <-chan struct{}, ch <-chan T, lost string) bool {
 	select {
-	case <-t.C:
-		h.trail.NextDue = time.Time{}
+	case <-ch:
 		return true
-	case <-h.intake.Done():
-		h.handBack()
 	case <-ctx.Done():
 		h.handBack()
+	case <-intake:
+		h.handBack()
 	case <-h.d.Lost():
+		if lost != "" {
+			h.logger().Warn(lost)
+		}
 	}
 	return false
 }
