@@ -61,16 +61,19 @@ func (h *handoff) attempt(ctx context.Context) {
 			FirstAttemptAt: t.FirstAttemptAt,
 			Origin:         t.Origin,
 		}
-		if !h.acquire(ctx, next == 1) {
+		ok, waited := h.acquire(ctx, next == 1)
+		if !ok {
 			// No call was made: nothing is written, so a redelivery is a
 			// fresh attempt, not one cut short.
 			return
 		}
-		if now = e.now(); !p.CanAttempt(now, t.Deadline) {
-			// The deadline came while the walk waited for a slot.
-			e.limiter.Release(0)
-			h.deadLetter(ctx, budget.ReasonDeadline)
-			return
+		if waited {
+			if now = e.now(); !p.CanAttempt(now, t.Deadline) {
+				// The deadline came while the walk waited for a slot.
+				e.limiter.Release(0)
+				h.deadLetter(ctx, budget.ReasonDeadline)
+				return
+			}
 		}
 		if !h.fenced(ctx) {
 			// Stopping while the hand-out was being made durable: no call

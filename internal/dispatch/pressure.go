@@ -204,11 +204,11 @@ func (e *Engine) holdRetries(hold bool) {
 // failing first attempts with the budget spent start one; Retry-After on an
 // Overload answer holds every call for that long.
 func (e *Engine) observe(res budget.Outcome, first bool, retryAfter time.Duration) {
-	changed := e.intakes.Observe(res, first)
-	if b := e.o.Budget; b != nil && e.intakes.Check(b.Exhausted) {
-		changed = true
+	var exhausted func() bool
+	if b := e.o.Budget; b != nil {
+		exhausted = b.Exhausted
 	}
-	if changed {
+	if e.intakes.Observe(res, first, exhausted) {
 		e.syncFresh()
 	}
 	if res == budget.Overload && retryAfter > 0 {
