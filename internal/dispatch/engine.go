@@ -165,6 +165,8 @@ func (e *Engine) Run(ctx context.Context) error {
 	watched := make(chan struct{})
 	go func() { defer close(watched); e.watch(work) }()
 	defer func() { cancelWork(); <-watched }()
+	trimmed := make(chan struct{})
+	go func() { defer close(trimmed); e.pool.trimmer(work, poolTrimEvery) }()
 
 	var wg sync.WaitGroup
 	n := 0
@@ -208,6 +210,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		}
 	}
 	cancelWork()
+	<-trimmed // its sends must end before the pool closes
 	e.pool.close(!stuck)
 	e.gate.close()
 	e.jgate.close()
@@ -285,6 +288,8 @@ type walk struct {
 	// sequence ends; leave ends this one's turn.
 	wait  <-chan struct{}
 	leave func()
+	// retire: no walk; the parked worker that takes it exits (pool.trim).
+	retire bool
 }
 
 // walk runs w's hand-off once its turn in its sequence comes.

@@ -1,9 +1,16 @@
 package dispatch
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
+	"time"
 )
+
+// poolTrimEvery is how often workers that stayed parked all along exit:
+// after a burst the process is back to the goroutines its load needs
+// within two periods, as it was when each walk's goroutine ended with it.
+const poolTrimEvery = 5 * time.Second
 
 // pool runs walks on goroutines that outlive them. A walk that ends leaves
 // its goroutine parked for the next one, its stack already grown to what a
@@ -19,7 +26,11 @@ type pool struct {
 	tasks   chan walk
 	idle    atomic.Int32 // workers parked or about to park
 	maxIdle int32
-	wg      sync.WaitGroup
+	// leastIdle is the fewest workers parked since the last trim: that
+	// many were not needed all the while.
+	leastIdle atomic.Int32
+	workers   atomic.Int32 // alive
+	wg        sync.WaitGroup
 }
 
 func newPool(run func(*walk), maxIdle int) *pool {
@@ -34,11 +45,13 @@ func (p *pool) start(w walk) {
 	default:
 	}
 	p.wg.Add(1)
+	p.workers.Add(1)
 	go p.worker(w)
 }
 
 func (p *pool) worker(w walk) {
 	defer p.wg.Done()
+	defer p.workers.Add(-1)
 	for {
 		p.run(&w)
 		// Past maxIdle parked, a worker is more memory than it saves.
@@ -50,7 +63,40 @@ func (p *pool) worker(w walk) {
 		if w, ok = <-p.tasks; !ok {
 			return
 		}
-		p.idle.Add(-1)
+		n := p.idle.Add(-1)
+		for least := p.leastIdle.Load(); n < least && !p.leastIdle.CompareAndSwap(least, n); least = p.leastIdle.Load() {
+		}
+		if w.retire {
+			return
+		}
+	}
+}
+
+// trim makes as many parked workers exit as stayed parked since the last
+// trim.
+func (p *pool) trim() {
+	n := p.leastIdle.Swap(p.idle.Load())
+	for range n {
+		select {
+		case p.tasks <- walk{retire: true}:
+		default:
+			return // none parked now
+		}
+	}
+}
+
+// trimmer trims every period until ctx is done; close the pool only after
+// it returned.
+func (p *pool) trimmer(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			p.trim()
+		}
 	}
 }
 

@@ -65,3 +65,38 @@ func TestPoolKeepsAtMostMaxIdleWorkers(t *testing.T) {
 		t.Fatal("close did not return: a worker outlived it")
 	}
 }
+
+// Workers that stay parked from one trim to the next exit; one taken for a
+// walk in between is kept, as the load needed it.
+func TestPoolTrimRetiresWorkersNotNeeded(t *testing.T) {
+	release := make(chan struct{})
+	var started sync.WaitGroup
+	started.Add(3)
+	p := newPool(func(w *walk) {
+		if w.id < 3 {
+			started.Done()
+			<-release
+		}
+	}, 8)
+	defer p.close(true)
+	for i := range 3 {
+		p.start(walk{id: uint64(i)})
+	}
+	started.Wait()
+	close(release)
+	waitUntil(t, func() bool { return p.idle.Load() == 3 })
+
+	p.trim() // the first period began with none parked: none retires
+	if n := p.workers.Load(); n != 3 {
+		t.Fatalf("%d workers after the first trim, want 3", n)
+	}
+	ran := make(chan struct{})
+	p.run = func(*walk) { ran <- struct{}{} }
+	p.start(walk{id: 3}) // one worker is needed in this period
+	<-ran
+	waitUntil(t, func() bool { return p.idle.Load() == 3 })
+	p.trim()
+	waitUntil(t, func() bool { return p.workers.Load() == 1 })
+	p.trim()
+	waitUntil(t, func() bool { return p.workers.Load() == 0 })
+}
