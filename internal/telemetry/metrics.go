@@ -45,6 +45,9 @@ type Metrics struct {
 
 	sets    sync.Map // setKey → *series
 	sources sync.Map // source → *sourceCounts
+	// attempts holds what Attempted needs of sets (see attemptSeries).
+	attempts   atomic.Pointer[map[attemptKey]attemptSeries]
+	attemptsMu sync.Mutex
 }
 
 // sourceCounts are the messages a source has had taken since the start.
@@ -233,13 +236,48 @@ func (m *Metrics) Attempted(source, outcome string, first bool, took time.Durati
 	if m.off {
 		return
 	}
+	a := m.attemptSeries(attemptKey{source, outcome, first})
+	a.outcomes.n.Add(1)
+	m.duration.Record(context.Background(), took.Seconds(), a.duration.rec...)
+}
+
+// attemptKey names the series one attempt is counted in.
+type attemptKey struct {
+	source, outcome string
+	first           bool
+}
+
+// attemptSeries are the series of one attemptKey.
+type attemptSeries struct{ outcomes, duration *series }
+
+// attemptSeries finds k's series in a map read without a lock: every
+// attempt looks them up, and a map of the key's own type hashes it faster
+// than sync.Map's look-up through an interface. Writers copy the map.
+func (m *Metrics) attemptSeries(k attemptKey) attemptSeries {
+	if p := m.attempts.Load(); p != nil {
+		if a, ok := (*p)[k]; ok {
+			return a
+		}
+	}
 	attempt := "again"
-	if first {
+	if k.first {
 		attempt = "first"
 	}
-	m.series(setKey{metric: "outcomes", source: source, name: "outcome", value: outcome, attempt: attempt}).n.Add(1)
-	m.duration.Record(context.Background(), took.Seconds(),
-		m.series(setKey{metric: "duration", source: source, name: "outcome", value: outcome}).rec...)
+	a := attemptSeries{
+		outcomes: m.series(setKey{metric: "outcomes", source: k.source, name: "outcome", value: k.outcome, attempt: attempt}),
+		duration: m.series(setKey{metric: "duration", source: k.source, name: "outcome", value: k.outcome}),
+	}
+	m.attemptsMu.Lock()
+	defer m.attemptsMu.Unlock()
+	next := make(map[attemptKey]attemptSeries)
+	if p := m.attempts.Load(); p != nil {
+		for k, v := range *p {
+			next[k] = v
+		}
+	}
+	next[k] = a
+	m.attempts.Store(&next)
+	return a
 }
 
 // Retried counts a copy moved to a retry tier.
