@@ -17,7 +17,9 @@ import (
 // attempt calls the app until it answers (holding while it is unreachable)
 // and carries out the decision; in-place retries loop here. A first attempt
 // deposits into the retry budget; every later one waits for a token first.
-func (h *handoff) attempt(ctx context.Context) {
+// at, when not zero, is the time still for the first attempt: nothing
+// waited since it was read.
+func (h *handoff) attempt(ctx context.Context, at time.Time) {
 	// A token taken for a call that was never made, or whose call
 	// succeeded, goes back however the walk ends: shutdown, a lost
 	// delivery, the deadline. Only a failed re-attempt keeps it spent.
@@ -26,7 +28,11 @@ func (h *handoff) attempt(ctx context.Context) {
 	recorded := 0 // the attempt number whose ATTEMPT record is written
 	budgeted := 0 // the attempt number the budget has seen
 	for {
-		now := e.now()
+		now := at // the first attempt's only
+		at = time.Time{}
+		if now.IsZero() {
+			now = e.now()
+		}
 		if t.FirstAttemptAt.IsZero() {
 			t.FirstAttemptAt = now
 			t.Deadline = h.deadlineFor(now)
@@ -170,7 +176,7 @@ func (h *handoff) deadlineFor(first time.Time) time.Time {
 // attemptAfter waits until due, then attempts.
 func (h *handoff) attemptAfter(ctx context.Context, due time.Time) {
 	if h.wait(ctx, due) {
-		h.attempt(ctx)
+		h.attempt(ctx, time.Time{})
 	}
 }
 

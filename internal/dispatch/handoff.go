@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/budget"
@@ -136,12 +137,15 @@ func (h *handoff) run(ctx context.Context) {
 		h.transfer(ctx, nil, broker.Destination{Tier: dec.Tier}, "redelay")
 		return
 	}
-	if h.renewed && !h.journal(ctx) {
-		// A new publish of an event handled before: its fresh start is
-		// durable before the call, or a crash during the call would leave
-		// the old history, and the redelivery would be settled as handled
-		// although the app never answered this publish.
-		return
+	if h.renewed {
+		if !h.journal(ctx) {
+			// A new publish of an event handled before: its fresh start is
+			// durable before the call, or a crash during the call would
+			// leave the old history, and the redelivery would be settled as
+			// handled although the app never answered this publish.
+			return
+		}
+		now = time.Time{} // the write took time: the attempt reads the clock
 	}
 	if max := e.o.MaxMessageBytes; max > 0 && len(h.msg.Body) > max {
 		// Kept whole and never handed over: the app may not be able to
@@ -160,7 +164,7 @@ func (h *handoff) run(ctx context.Context) {
 		h.deadLetter(ctx, budget.ReasonMalformed)
 		return
 	}
-	h.attempt(ctx)
+	h.attempt(ctx, now)
 }
 
 // readTrail sets the delivery's trail and key. A copy whose handoff-*
