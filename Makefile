@@ -66,7 +66,7 @@ fuzz:
 # local RabbitMQ and Kafka, written to BENCH.md. BENCH_N sets the backlog.
 BENCH_N ?= 50000
 bench: brokers build
-	$(GO) test -run='^$$' -bench=. -benchmem -benchtime=2s ./internal/journal/ ./internal/budget/ ./internal/handler/ ./internal/telemetry/
+	$(GO) test -run='^$$' -bench=. -benchmem -benchtime=2s ./internal/journal/ ./internal/budget/ ./internal/handler/ ./internal/telemetry/ ./internal/dispatch/
 	bin/handoff-bench -n $(BENCH_N) -out BENCH.md
 
 # Ten minutes of steady load on both brokers with failures, poison, a

@@ -20,31 +20,26 @@ type Intake struct {
 // attempts in a row (at least 1).
 func NewIntake(threshold int) *Intake { return &Intake{threshold: max(threshold, 1)} }
 
-// Observe records an answer; first says it answered a first attempt. It
-// reports whether a success just ended a pause.
-func (i *Intake) Observe(o Outcome, first bool) (resumed bool) {
+// Observe records an answer, first saying it answered a first attempt, and
+// reports whether it moved intake: a success ends a pause; a failure pauses
+// it when the failures go on and the budget is exhausted. exhausted is asked
+// only once enough first attempts failed in a row (after a success, reading
+// the budget is not worth its lock); nil never pauses. One call, one lock:
+// it is on every answer's path.
+func (i *Intake) Observe(o Outcome, first bool, exhausted func() bool) (changed bool) {
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	switch o {
 	case Success, Drop:
 		i.streak = 0
-		resumed, i.paused = i.paused, false
+		changed, i.paused = i.paused, false
+		return changed
 	case Retry, Overload, Unknown:
 		if first {
 			i.streak++
 		}
 	}
-	return resumed
-}
-
-// Check pauses intake when the failures go on and the budget is exhausted;
-// it reports whether this call paused it. exhausted is asked only once
-// enough first attempts failed in a row: after a success, reading the budget
-// is not worth its lock.
-func (i *Intake) Check(exhausted func() bool) (paused bool) {
-	i.mu.Lock()
-	defer i.mu.Unlock()
-	if !i.paused && i.streak >= i.threshold && exhausted() {
+	if !i.paused && i.streak >= i.threshold && exhausted != nil && exhausted() {
 		i.paused = true
 		return true
 	}

@@ -187,24 +187,31 @@ func TestLimiterAIMD(t *testing.T) {
 }
 
 func TestIntakePausesOnlyWhenSpentAndFailing(t *testing.T) {
+	tokensLeft := func() bool { return false }
+	spent := func() bool { return true }
 	in := NewIntake(3)
 	for range 3 {
-		in.Observe(Retry, true)
+		if in.Observe(Retry, true, tokensLeft) {
+			t.Fatal("paused with tokens left")
+		}
 	}
-	if in.Check(func() bool { return false }) {
-		t.Fatal("paused with tokens left")
+	if in.Observe(Retry, true, nil) {
+		t.Fatal("paused with no budget to spend")
 	}
-	in.Observe(Permanent, true) // about the message: no effect
-	in.Observe(Retry, false)    // a re-attempt: no effect
-	if !in.Check(func() bool { return true }) || !in.Paused() {
+	if in.Observe(Permanent, true, spent) != true || !in.Paused() {
+		// A permanent answer is about the message and leaves the streak
+		// alone; the failures before it, with the budget spent, pause.
 		t.Fatal("not paused with the budget spent after 3 failed first attempts")
 	}
-	if !in.Observe(Success, false) || in.Paused() {
+	if !in.Observe(Success, false, spent) || in.Paused() {
 		t.Fatal("a success did not resume intake")
 	}
-	in.Observe(Overload, true)
-	if in.Check(func() bool { return true }) {
+	if in.Observe(Overload, true, spent) {
 		t.Error("paused again after one failure: the streak starts over after a success")
+	}
+	in.Observe(Retry, false, spent) // a re-attempt: no effect on the streak
+	if in.Observe(Retry, false, spent) || in.Paused() {
+		t.Error("re-attempts counted in the first attempts' streak")
 	}
 }
 

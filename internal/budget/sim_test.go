@@ -197,8 +197,7 @@ func simulate(t *testing.T, s storm, refund bool) stormResult {
 			}
 			m := cl.m
 			lim.Release(cl.o)
-			intake.Observe(cl.o, m.attempt == 1)
-			intake.Check(b.Exhausted)
+			intake.Observe(cl.o, m.attempt == 1, b.Exhausted)
 			if m.tok.Taken() {
 				if cl.o == Success && refund {
 					b.Refund(m.tok)

@@ -17,7 +17,9 @@ import (
 // attempt calls the app until it answers (holding while it is unreachable)
 // and carries out the decision; in-place retries loop here. A first attempt
 // deposits into the retry budget; every later one waits for a token first.
-func (h *handoff) attempt(ctx context.Context) {
+// at, when not zero, is the time still for the first attempt: nothing
+// waited since it was read.
+func (h *handoff) attempt(ctx context.Context, at time.Time) {
 	// A token taken for a call that was never made, or whose call
 	// succeeded, goes back however the walk ends: shutdown, a lost
 	// delivery, the deadline. Only a failed re-attempt keeps it spent.
@@ -26,7 +28,11 @@ func (h *handoff) attempt(ctx context.Context) {
 	recorded := 0 // the attempt number whose ATTEMPT record is written
 	budgeted := 0 // the attempt number the budget has seen
 	for {
-		now := e.now()
+		now := at // the first attempt's only
+		at = time.Time{}
+		if now.IsZero() {
+			now = e.now()
+		}
 		if t.FirstAttemptAt.IsZero() {
 			t.FirstAttemptAt = now
 			t.Deadline = h.deadlineFor(now)
@@ -47,7 +53,8 @@ func (h *handoff) attempt(ctx context.Context) {
 				return
 			}
 		}
-		req := handler.Request{
+		req := h.request()
+		*req = handler.Request{
 			Message:     h.msg,
 			EventID:     t.EventID,
 			Source:      h.r.CESource,
@@ -60,16 +67,19 @@ func (h *handoff) attempt(ctx context.Context) {
 			FirstAttemptAt: t.FirstAttemptAt,
 			Origin:         t.Origin,
 		}
-		if !h.acquire(ctx, next == 1) {
+		ok, waited := h.acquire(ctx, next == 1)
+		if !ok {
 			// No call was made: nothing is written, so a redelivery is a
 			// fresh attempt, not one cut short.
 			return
 		}
-		if now = e.now(); !p.CanAttempt(now, t.Deadline) {
-			// The deadline came while the walk waited for a slot.
-			e.limiter.Release(0)
-			h.deadLetter(ctx, budget.ReasonDeadline)
-			return
+		if waited {
+			if now = e.now(); !p.CanAttempt(now, t.Deadline) {
+				// The deadline came while the walk waited for a slot.
+				e.limiter.Release(0)
+				h.deadLetter(ctx, budget.ReasonDeadline)
+				return
+			}
 		}
 		if !h.fenced(ctx) {
 			// Stopping while the hand-out was being made durable: no call
@@ -94,8 +104,8 @@ func (h *handoff) attempt(ctx context.Context) {
 		// The span lasts until the outcome is settled, and ends on every
 		// way out below, once: before a hold or an in-place wait, neither
 		// of which is this attempt's work.
-		actx, span := h.startAttempt(ctx, &req)
-		res := e.o.Handler.Deliver(ctx, &req)
+		actx, span := h.startAttempt(ctx, req)
+		res := e.o.Handler.Deliver(ctx, req)
 		if ctx.Err() != nil {
 			// Shutdown cut the call short: its result says nothing about the app.
 			endAttempt(span, res)
@@ -130,17 +140,8 @@ func (h *handoff) attempt(ctx context.Context) {
 				Outcome: uint8(budget.Unreachable), Detail: res.Detail})
 			recorded = 0
 			e.gate.hold(ctx)
-			select {
-			case <-ctx.Done():
-				h.handBack()
+			if !await(h, ctx, h.intake.Done(), e.gate.openChan(), "delivery lost while the app was unreachable; the broker redelivers it") {
 				return
-			case <-h.intake.Done():
-				h.handBack()
-				return
-			case <-h.d.Lost():
-				h.logger().Warn("delivery lost while the app was unreachable; the broker redelivers it")
-				return
-			case <-e.gate.openChan():
 			}
 			continue
 		}
@@ -175,7 +176,7 @@ func (h *handoff) deadlineFor(first time.Time) time.Time {
 // attemptAfter waits until due, then attempts.
 func (h *handoff) attemptAfter(ctx context.Context, due time.Time) {
 	if h.wait(ctx, due) {
-		h.attempt(ctx)
+		h.attempt(ctx, time.Time{})
 	}
 }
 
@@ -184,15 +185,30 @@ func (h *handoff) attemptAfter(ctx context.Context, due time.Time) {
 func (h *handoff) wait(ctx context.Context, due time.Time) bool {
 	t := time.NewTimer(max(due.Sub(h.e.now()), 0))
 	defer t.Stop()
+	if !await(h, ctx, h.intake.Done(), t.C, "") {
+		return false
+	}
+	h.trail.NextDue = time.Time{}
+	return true
+}
+
+// await waits for ch and reports whether it came before the walk had to
+// end. The walk ends when ctx is done or intake stops (nil: the wait goes
+// on through a stop of intake), and the delivery is handed back; or when
+// the delivery is lost, which is left to the broker (and lost, when not
+// empty, logged).
+func await[T any](h *handoff, ctx context.Context, intake <-chan struct{}, ch <-chan T, lost string) bool {
 	select {
-	case <-t.C:
-		h.trail.NextDue = time.Time{}
+	case <-ch:
 		return true
-	case <-h.intake.Done():
-		h.handBack()
 	case <-ctx.Done():
 		h.handBack()
+	case <-intake:
+		h.handBack()
 	case <-h.d.Lost():
+		if lost != "" {
+			h.logger().Warn(lost)
+		}
 	}
 	return false
 }
@@ -205,7 +221,9 @@ func (h *handoff) fenced(ctx context.Context) bool {
 		return true
 	}
 	ch := f.Durable()
-	if ch == nil {
+	if ch == nil || isClosed(ch) {
+		// Mostly durable by now. Read without the channel's lock, which a
+		// select takes: one poll's deliveries share the channel.
 		return true
 	}
 	select {

@@ -83,7 +83,8 @@ type Engine struct {
 	jgate   *gate
 	keys    *keyLocks
 	order   *sequencer
-	workers sync.WaitGroup
+	workers sync.WaitGroup // walks not yet ended
+	pool    *pool
 	open    map[string]*openSet // by route: deliveries taken, for Status
 
 	fatalMu    sync.Mutex
@@ -102,7 +103,7 @@ func New(o Options) *Engine {
 	if o.Observer == nil {
 		o.Observer = noObserver{}
 	}
-	return &Engine{
+	e := &Engine{
 		o:       o,
 		log:     o.Logger,
 		now:     o.Now,
@@ -115,6 +116,10 @@ func New(o Options) *Engine {
 		order:   newSequencer(),
 		open:    openSets(o.Routes),
 	}
+	// As many parked workers as a burst of walks may want at once: the
+	// calls in flight and the deliveries waiting behind them.
+	e.pool = newPool(e.walk, 4*max(o.MaxConcurrency, 16))
+	return e
 }
 
 func openSets(routes []Route) map[string]*openSet {
@@ -160,6 +165,8 @@ func (e *Engine) Run(ctx context.Context) error {
 	watched := make(chan struct{})
 	go func() { defer close(watched); e.watch(work) }()
 	defer func() { cancelWork(); <-watched }()
+	trimmed := make(chan struct{})
+	go func() { defer close(trimmed); e.pool.trimmer(work, poolTrimEvery) }()
 
 	var wg sync.WaitGroup
 	n := 0
@@ -186,6 +193,7 @@ func (e *Engine) Run(ctx context.Context) error {
 
 	drained := make(chan struct{})
 	go func() { e.workers.Wait(); close(drained) }()
+	stuck := false
 	select {
 	case <-drained:
 	case <-time.After(e.o.DrainTimeout):
@@ -198,9 +206,12 @@ func (e *Engine) Run(ctx context.Context) error {
 			// connection) must not hold shutdown forever; what is unsettled
 			// goes back to the broker with the connection.
 			e.log.Error("hand-offs still stuck after being cancelled; stopping without them", "waited", handBackTimeout)
+			stuck = true
 		}
 	}
 	cancelWork()
+	<-trimmed // its sends must end before the pool closes
+	e.pool.close(!stuck)
 	e.gate.close()
 	e.jgate.close()
 	e.fresh.close()
@@ -237,11 +248,11 @@ func (e *Engine) fatalErr() error {
 	return e.fatal
 }
 
-// admit waits while the gate is held, then walks d on its own goroutine.
-// While intake waits, deliveries are not taken: with prefetch, that holds the
-// broker back. The number of walks in flight is bounded by the sources'
-// prefetch; the calls to the app among them by the adaptive limit (see
-// handoff.acquire).
+// admit waits while the gate is held, then starts the walk of d, on a
+// worker of its own. While intake waits, deliveries are not taken: with
+// prefetch, that holds the broker back. The number of walks in flight is
+// bounded by the sources' prefetch; the calls to the app among them by the
+// adaptive limit (see handoff.acquire).
 func (e *Engine) admit(intake, work context.Context, r *Route, d broker.Delivery) {
 	if e.gate.wait(intake) != nil || e.jgate.wait(intake) != nil {
 		e.handBack(d)
@@ -256,31 +267,50 @@ func (e *Engine) admit(intake, work context.Context, r *Route, d broker.Delivery
 			return
 		}
 	}
-	var wait <-chan struct{}
-	leave := func() {}
+	w := walk{r: r, d: d, msg: msg, intake: intake, work: work, open: e.open[r.Name]}
 	if msg.OrderKey != "" {
-		wait, leave = e.order.enter(msg.OrderKey)
+		w.wait, w.leave = e.order.enter(msg.OrderKey)
 	}
 	e.workers.Add(1)
-	open := e.open[r.Name]
-	id := open.enter(e.now())
-	go func() {
-		defer e.workers.Done()
-		defer open.leave(id)
-		defer leave()
-		if wait != nil {
-			select {
-			case <-wait:
-			case <-work.Done():
-				e.handBack(d)
-				return
-			case <-d.Lost():
-				return
-			}
+	w.id = w.open.enter(e.now())
+	e.pool.start(w)
+}
+
+// walk is one delivery admitted, and what its walk needs from admission.
+type walk struct {
+	r            *Route
+	d            broker.Delivery
+	msg          *broker.Message
+	intake, work context.Context
+	open         *openSet
+	id           uint64 // in open
+	// wait, when not nil, is closed once the walk before it in its
+	// sequence ends; leave ends this one's turn.
+	wait  <-chan struct{}
+	leave func()
+	// retire: no walk; the parked worker that takes it exits (pool.trim).
+	retire bool
+}
+
+// walk runs w's hand-off once its turn in its sequence comes.
+func (e *Engine) walk(w *walk) {
+	defer e.workers.Done()
+	defer w.open.leave(w.id)
+	if w.leave != nil {
+		defer w.leave()
+	}
+	if w.wait != nil {
+		select {
+		case <-w.wait:
+		case <-w.work.Done():
+			e.handBack(w.d)
+			return
+		case <-w.d.Lost():
+			return
 		}
-		h := handoff{e: e, r: r, d: d, msg: msg, retry: msg.Copy, intake: intake}
-		h.run(work)
-	}()
+	}
+	h := handoff{e: e, r: w.r, d: w.d, msg: w.msg, retry: w.msg.Copy, intake: w.intake}
+	h.run(w.work)
 }
 
 func (e *Engine) handBack(d broker.Delivery) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -18,29 +19,36 @@ type gate struct {
 	// written"; and what it is once back.
 	away, back string
 
-	mu     sync.Mutex
-	opened chan struct{} // closed while the gate is open
+	mu sync.Mutex
+	// opened is closed while the gate is open; replaced under mu, read
+	// without it: every admission and call reads it.
+	opened atomic.Pointer[chan struct{}]
 	held   bool
 	wg     sync.WaitGroup
 }
 
 func newGate(probe func(context.Context) error, log *slog.Logger, away, back string) *gate {
-	g := &gate{probe: probe, log: log, min: 50 * time.Millisecond, max: 5 * time.Second, opened: make(chan struct{}), away: away, back: back}
-	close(g.opened)
+	g := &gate{probe: probe, log: log, min: 50 * time.Millisecond, max: 5 * time.Second, away: away, back: back}
+	opened := make(chan struct{})
+	close(opened)
+	g.opened.Store(&opened)
 	return g
 }
 
 // openChan is closed while the gate is open.
 func (g *gate) openChan() <-chan struct{} {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.opened
+	return *g.opened.Load()
 }
 
 // wait blocks while the gate is held, until ctx is done.
 func (g *gate) wait(ctx context.Context) error {
+	open := g.openChan()
+	if isClosed(open) {
+		// Read without the channel's lock, which a select takes.
+		return nil
+	}
 	select {
-	case <-g.openChan():
+	case <-open:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
@@ -63,7 +71,8 @@ func (g *gate) hold(ctx context.Context) {
 		return
 	}
 	g.held = true
-	g.opened = make(chan struct{})
+	opened := make(chan struct{})
+	g.opened.Store(&opened)
 	g.log.Warn(g.away + ": intake paused, probing")
 	g.wg.Add(1)
 	go g.run(ctx)
@@ -85,7 +94,7 @@ func (g *gate) run(ctx context.Context) {
 		if err == nil {
 			g.mu.Lock()
 			g.held = false
-			close(g.opened)
+			close(*g.opened.Load())
 			g.mu.Unlock()
 			g.log.Info(g.back+": intake resumed", "held_for", time.Since(start).Round(time.Millisecond))
 			return

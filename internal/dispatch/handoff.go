@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/budget"
+	"handoff.dev/handoff/internal/handler"
 	"handoff.dev/handoff/internal/journal"
 )
 
@@ -55,6 +57,41 @@ type handoff struct {
 	// for a message that carried none: its copies carry it (see
 	// startAttempt).
 	rootTrace, rootState string
+
+	// space holds the walk's usual journal records (room is what is left
+	// of them) and its first request, made on first use (see records and
+	// request).
+	space   *walkSpace
+	room    []journal.Record
+	reqUsed bool
+}
+
+// walkSpace is what a healthy message's walk needs of the heap — RECEIVED
+// with ATTEMPT, OUTCOME and SETTLED for the journal, and the first call's
+// request — in one allocation instead of one each.
+type walkSpace struct {
+	recs [4]journal.Record
+	req  handler.Request
+}
+
+func (h *handoff) walkSpace() *walkSpace {
+	if h.space == nil {
+		h.space = new(walkSpace)
+		h.room = h.space.recs[:]
+	}
+	return h.space
+}
+
+// request returns a request for an attempt's call. The first is from the
+// walk's space; a later one is new, because a call cut short may leave its
+// request with the deliverer (a batch still in flight) after Deliver
+// returns.
+func (h *handoff) request() *handler.Request {
+	if h.reqUsed {
+		return new(handler.Request)
+	}
+	h.reqUsed = true
+	return &h.walkSpace().req
 }
 
 // logger returns the hand-off's logger, with its source and event id.
@@ -69,12 +106,12 @@ func (h *handoff) run(ctx context.Context) {
 	e := h.e
 	ok := h.readTrail()
 	e.o.Observer.Received(h.r.Name, h.retry)
-	unlock, err := e.keys.lock(ctx, h.key)
+	kl, err := e.keys.lock(ctx, h.key)
 	if err != nil {
 		e.handBack(h.d)
 		return
 	}
-	defer unlock()
+	defer e.keys.unlock(h.key, kl)
 	if !ok {
 		h.deadLetter(ctx, budget.ReasonMalformed)
 		return
@@ -100,12 +137,15 @@ func (h *handoff) run(ctx context.Context) {
 		h.transfer(ctx, nil, broker.Destination{Tier: dec.Tier}, "redelay")
 		return
 	}
-	if h.renewed && !h.journal(ctx) {
-		// A new publish of an event handled before: its fresh start is
-		// durable before the call, or a crash during the call would leave
-		// the old history, and the redelivery would be settled as handled
-		// although the app never answered this publish.
-		return
+	if h.renewed {
+		if !h.journal(ctx) {
+			// A new publish of an event handled before: its fresh start is
+			// durable before the call, or a crash during the call would
+			// leave the old history, and the redelivery would be settled as
+			// handled although the app never answered this publish.
+			return
+		}
+		now = time.Time{} // the write took time: the attempt reads the clock
 	}
 	if max := e.o.MaxMessageBytes; max > 0 && len(h.msg.Body) > max {
 		// Kept whole and never handed over: the app may not be able to
@@ -124,7 +164,7 @@ func (h *handoff) run(ctx context.Context) {
 		h.deadLetter(ctx, budget.ReasonMalformed)
 		return
 	}
-	h.attempt(ctx)
+	h.attempt(ctx, now)
 }
 
 // readTrail sets the delivery's trail and key. A copy whose handoff-*

@@ -13,39 +13,69 @@ import (
 type keyLocks struct {
 	mu sync.Mutex
 	m  map[journal.Key]*keyLock
+	// free holds locks no key uses, for the next keys: nearly every key is
+	// locked once, and a lock made for each would be two allocations a
+	// message.
+	free []*keyLock
 }
+
+// maxFreeKeyLocks bounds the locks kept for reuse: more than the walks in
+// flight at once is memory for nothing.
+const maxFreeKeyLocks = 1024
 
 type keyLock struct {
 	held chan struct{} // a token: full while held
-	refs int
+	refs int           // the holder and those waiting; under keyLocks.mu
 }
 
 func newKeyLocks() *keyLocks { return &keyLocks{m: make(map[journal.Key]*keyLock)} }
 
-// lock waits for k until ctx is done; the returned func releases it.
-func (l *keyLocks) lock(ctx context.Context, k journal.Key) (func(), error) {
+// lock waits for k until ctx is done; unlock with the lock it returns
+// releases it.
+func (l *keyLocks) lock(ctx context.Context, k journal.Key) (*keyLock, error) {
 	l.mu.Lock()
 	kl := l.m[k]
 	if kl == nil {
-		kl = &keyLock{held: make(chan struct{}, 1)}
+		if n := len(l.free); n > 0 {
+			kl, l.free[n-1] = l.free[n-1], nil
+			l.free = l.free[:n-1]
+		} else {
+			kl = &keyLock{held: make(chan struct{}, 1)}
+		}
 		l.m[k] = kl
 	}
 	kl.refs++
 	l.mu.Unlock()
 	select {
 	case kl.held <- struct{}{}:
-		return func() { <-kl.held; l.release(k, kl) }, nil
+		return kl, nil
+	default:
+	}
+	select {
+	case kl.held <- struct{}{}:
+		return kl, nil
 	case <-ctx.Done():
 		l.release(k, kl)
 		return nil, ctx.Err()
 	}
 }
 
+// unlock releases k, which kl holds.
+func (l *keyLocks) unlock(k journal.Key, kl *keyLock) {
+	<-kl.held
+	l.release(k, kl)
+}
+
 func (l *keyLocks) release(k journal.Key, kl *keyLock) {
 	l.mu.Lock()
 	kl.refs--
 	if kl.refs == 0 {
+		// No one holds it or waits for it: its token is out, so it is as
+		// good as new.
 		delete(l.m, k)
+		if len(l.free) < maxFreeKeyLocks {
+			l.free = append(l.free, kl)
+		}
 	}
 	l.mu.Unlock()
 }

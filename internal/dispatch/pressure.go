@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"handoff.dev/handoff/internal/budget"
@@ -28,8 +29,10 @@ type freshGate struct {
 
 	syncMu sync.Mutex // serializes syncFresh
 
-	mu     sync.Mutex
-	opened chan struct{} // closed while open
+	mu sync.Mutex
+	// opened is closed while fresh intake is open; replaced under mu, read
+	// without it: every admission and call reads it.
+	opened atomic.Pointer[chan struct{}]
 	held   bool
 	closed bool          // after close, hold does nothing
 	stop   chan struct{} // ends the prober of the current hold
@@ -38,16 +41,16 @@ type freshGate struct {
 }
 
 func newFreshGate(log *slog.Logger) *freshGate {
-	g := &freshGate{log: log, opened: make(chan struct{}), probe: make(chan struct{}, 1)}
-	close(g.opened)
+	g := &freshGate{log: log, probe: make(chan struct{}, 1)}
+	opened := make(chan struct{})
+	close(opened)
+	g.opened.Store(&opened)
 	return g
 }
 
 // openChan is closed while fresh intake is open.
 func (g *freshGate) openChan() <-chan struct{} {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.opened
+	return *g.opened.Load()
 }
 
 func isClosed(ch <-chan struct{}) bool {
@@ -66,7 +69,8 @@ func (g *freshGate) hold(state budget.BudgetState) {
 		return
 	}
 	g.held = true
-	g.opened = make(chan struct{})
+	opened := make(chan struct{})
+	g.opened.Store(&opened)
 	g.stop = make(chan struct{})
 	g.log.Warn("retry budget spent and fresh messages keep failing: fresh intake paused; retries and probes go on",
 		"tokens", state.Tokens, "denied", state.Denied)
@@ -81,7 +85,7 @@ func (g *freshGate) open() {
 		return
 	}
 	g.held = false
-	close(g.opened)
+	close(*g.opened.Load())
 	close(g.stop)
 	g.log.Info("a call succeeded: fresh intake resumed")
 }
@@ -117,7 +121,7 @@ func (g *freshGate) close() {
 	g.closed = true
 	if g.held {
 		g.held = false
-		close(g.opened)
+		close(*g.opened.Load())
 		close(g.stop)
 	}
 	g.mu.Unlock()
@@ -200,11 +204,11 @@ func (e *Engine) holdRetries(hold bool) {
 // failing first attempts with the budget spent start one; Retry-After on an
 // Overload answer holds every call for that long.
 func (e *Engine) observe(res budget.Outcome, first bool, retryAfter time.Duration) {
-	changed := e.intakes.Observe(res, first)
-	if b := e.o.Budget; b != nil && e.intakes.Check(b.Exhausted) {
-		changed = true
+	var exhausted func() bool
+	if b := e.o.Budget; b != nil {
+		exhausted = b.Exhausted
 	}
-	if changed {
+	if e.intakes.Observe(res, first, exhausted) {
 		e.syncFresh()
 	}
 	if res == budget.Overload && retryAfter > 0 {

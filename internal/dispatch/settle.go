@@ -91,14 +91,12 @@ func (h *handoff) decide(ctx context.Context, attempt int, res handler.Result, r
 // crash-safety this walk depends on is gone: the engine stops, as a crash
 // would, and the delivery stays unsettled for the broker to redeliver.
 func (h *handoff) journal(ctx context.Context, recs ...journal.Record) bool {
-	if pending := h.pending(); len(pending) > 0 {
-		recs = append(pending, recs...)
-	}
-	if len(recs) == 0 {
+	batch := h.batch(recs...)
+	if len(batch) == 0 {
 		return true
 	}
-	span := h.startCommit(ctx, len(recs))
-	err := h.e.o.Journal.Append(ctx, h.key, recs...)
+	span := h.startCommit(ctx, len(batch))
+	err := h.e.o.Journal.Append(ctx, h.key, batch...)
 	endCommit(span, err)
 	switch {
 	case err == nil:
@@ -139,26 +137,45 @@ func (h *handoff) settle(why string) bool {
 // appendAsync queues rec, after the hop's RECEIVED record if that is still
 // unwritten.
 func (h *handoff) appendAsync(rec journal.Record) {
-	if pending := h.pending(); len(pending) > 0 {
-		h.e.o.Journal.AppendAsync(h.key, append(pending, rec)...)
-		return
-	}
-	h.e.o.Journal.AppendAsync(h.key, rec)
+	h.e.o.Journal.AppendAsync(h.key, h.batch(rec)...)
 }
 
-// pending takes the hop's RENEWED and RECEIVED records if still unwritten.
-func (h *handoff) pending() []journal.Record {
-	if h.received.Kind == 0 {
+// batch is the hop's RENEWED and RECEIVED records, if still unwritten,
+// then recs, in a slice of its own (see records).
+func (h *handoff) batch(recs ...journal.Record) []journal.Record {
+	n := len(recs)
+	if h.received.Kind != 0 {
+		n++
+		if h.renewed {
+			n++
+		}
+	}
+	if n == 0 {
 		return nil
 	}
-	var recs []journal.Record
-	if h.renewed {
-		recs = append(recs, journal.Record{Kind: journal.Renewed, At: h.received.At})
-		h.renewed = false
+	out := h.records(n)
+	if h.received.Kind != 0 {
+		if h.renewed {
+			out = append(out, journal.Record{Kind: journal.Renewed, At: h.received.At})
+			h.renewed = false
+		}
+		out = append(out, h.received)
+		h.received = journal.Record{}
 	}
-	recs = append(recs, h.received)
-	h.received = journal.Record{}
-	return recs
+	return append(out, recs...)
+}
+
+// records returns an empty slice with room for n records that no other
+// call shares: the journal may keep a slice it was given until it is
+// written, so none is handed over twice. A walk's usual records come from
+// its space (walkSpace), not an allocation each.
+func (h *handoff) records(n int) []journal.Record {
+	if h.walkSpace(); n > len(h.room) {
+		return make([]journal.Record, 0, n)
+	}
+	out := h.room[:0:n]
+	h.room = h.room[n:]
+	return out
 }
 
 func (h *handoff) settleDuplicate(why string) bool {

@@ -67,8 +67,9 @@ func (h *handoff) refund() {
 // prefetch slot, so the broker keeps the backlog. A slot that comes while a
 // pause begins is given back, and the walk waits out the pause and queues
 // again. It gives up, handing the delivery back, when intake stops or ctx is
-// done, and leaves a lost delivery alone.
-func (h *handoff) acquire(ctx context.Context, first bool) bool {
+// done, and leaves a lost delivery alone. waited says whether it had to wait
+// for the slot: the clock and the deadline have moved only then.
+func (h *handoff) acquire(ctx context.Context, first bool) (ok, waited bool) {
 	e := h.e
 	held := false // the limiter's queue gave this walk a slot while it waited
 	giveBack := func() {
@@ -81,11 +82,11 @@ func (h *handoff) acquire(ctx context.Context, first bool) bool {
 		if h.intake.Err() != nil || ctx.Err() != nil {
 			giveBack()
 			h.handBack()
-			return false
+			return false, waited
 		}
 		if isClosed(h.d.Lost()) {
 			giveBack()
-			return false
+			return false, waited
 		}
 		var wake, probe, slot <-chan struct{}
 		var queued *budget.Waiter
@@ -110,15 +111,16 @@ func (h *handoff) acquire(ctx context.Context, first bool) bool {
 			timer, stop = t.C, t.Stop
 		default:
 			if held {
-				return true
+				return true, waited
 			}
 			w, ok := e.limiter.Acquire()
 			if ok {
-				return true
+				return true, waited
 			}
 			queued, slot = w, w.Ready()
 		}
 		ok := true
+		waited = true
 		select {
 		case <-slot:
 			// Ours; the loop checks once more that intake, ctx and the
@@ -144,7 +146,7 @@ func (h *handoff) acquire(ctx context.Context, first bool) bool {
 			if queued != nil {
 				queued.Cancel() // frees the slot too, had it just come
 			}
-			return false
+			return false, waited
 		}
 	}
 }

@@ -93,16 +93,11 @@ func (h *handoff) publish(ctx context.Context, dest broker.Destination, trail br
 		// Ack only after the copy is confirmed: acking first loses the
 		// message if the copy never arrives.
 		h.logger().Warn("transfer failed; source message stays unacked", "to", dest, "why", why, "err", err, "retry_in", backoff)
-		select {
-		case <-ctx.Done():
+		// Not handed back when intake stops: the copy may yet be
+		// confirmed while in-flight messages drain.
+		if !await(h, ctx, nil, time.After(backoff), "delivery lost before its copy was transferred; the broker redelivers it") {
 			endPublish(span, tries, err)
-			h.handBack()
 			return false
-		case <-h.d.Lost():
-			endPublish(span, tries, err)
-			h.logger().Warn("delivery lost before its copy was transferred; the broker redelivers it")
-			return false
-		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, transferBackoffMax)
 	}

@@ -31,8 +31,11 @@ type Metrics struct {
 	registry *prometheus.Registry
 	meter    metric.Meter
 
-	received    metric.Int64Counter
-	outcomes    metric.Int64Counter
+	// received and outcomes are read from counts kept here at each
+	// collection: a message then costs them an atomic add, where the SDK's
+	// counters resolve the attribute set and aggregate on every Add.
+	received    metric.Int64ObservableCounter
+	outcomes    metric.Int64ObservableCounter
 	duration    metric.Float64Histogram
 	retries     metric.Int64Counter
 	deadLetters metric.Int64Counter
@@ -40,8 +43,19 @@ type Metrics struct {
 	commits     metric.Float64Histogram
 	evicted     metric.Int64Counter
 
-	sets  sync.Map // setKey → *series
-	taken sync.Map // source → *atomic.Int64: fresh messages taken
+	sets    sync.Map // setKey → *series
+	sources sync.Map // source → *sourceCounts
+	// attempts holds what Attempted needs of sets (see attemptSeries).
+	attempts   atomic.Pointer[map[attemptKey]attemptSeries]
+	attemptsMu sync.Mutex
+}
+
+// sourceCounts are the messages a source has had taken since the start.
+type sourceCounts struct {
+	taken    atomic.Int64 // fresh messages, for the drain estimate
+	received atomic.Int64 // fresh messages and retry copies
+	// received's attributes, for the collection's callback.
+	obs []metric.ObserveOption
 }
 
 // setKey names one cached series: the metric, the source, at most one more
@@ -96,14 +110,25 @@ func NewMetrics(o MetricsOptions) (*Metrics, error) {
 		dst        *metric.Int64Counter
 		name, desc string
 	}{
-		{&m.received, "handoff.messages.received", "Messages taken from a source: fresh ones and retry copies."},
-		{&m.outcomes, "handoff.outcomes", "Attempts by their outcome (success, retry, overload, defer, permanent, ...)."},
 		{&m.retries, "handoff.retries.scheduled", "Copies moved to a retry tier."},
 		{&m.deadLetters, "handoff.deadletters", "Copies moved to the dead-letter destination, by reason."},
 		{&m.duplicates, "handoff.journal.duplicates.suppressed", "Redeliveries settled from the journal without calling the app."},
 		{&m.evicted, "handoff.journal.evicted", "Settled hand-offs dropped from the journal, the earliest first, to keep it within journal.max_size."},
 	} {
 		if *c.dst, err = m.meter.Int64Counter(c.name, metric.WithDescription(c.desc)); err != nil {
+			return nil, err
+		}
+	}
+	if m.received, err = m.meter.Int64ObservableCounter("handoff.messages.received",
+		metric.WithDescription("Messages taken from a source: fresh ones and retry copies.")); err != nil {
+		return nil, err
+	}
+	if m.outcomes, err = m.meter.Int64ObservableCounter("handoff.outcomes",
+		metric.WithDescription("Attempts by their outcome (success, retry, overload, defer, permanent, ...).")); err != nil {
+		return nil, err
+	}
+	if !m.off {
+		if _, err = m.meter.RegisterCallback(m.observeCounts, m.received, m.outcomes); err != nil {
 			return nil, err
 		}
 	}
@@ -135,6 +160,9 @@ func (m *Metrics) Shutdown(ctx context.Context) error { return m.provider.Shutdo
 type series struct {
 	add []metric.AddOption
 	rec []metric.RecordOption
+	obs []metric.ObserveOption
+	// n is the count of an observed counter's series (outcomes).
+	n atomic.Int64
 }
 
 // series returns the cached series of a source with one more label (name
@@ -151,32 +179,53 @@ func (m *Metrics) series(k setKey) *series {
 		attrs = append(attrs, attribute.String("attempt", k.attempt))
 	}
 	o := metric.WithAttributeSet(attribute.NewSet(attrs...))
-	v, _ := m.sets.LoadOrStore(k, &series{add: []metric.AddOption{o}, rec: []metric.RecordOption{o}})
+	v, _ := m.sets.LoadOrStore(k, &series{add: []metric.AddOption{o}, rec: []metric.RecordOption{o}, obs: []metric.ObserveOption{o}})
 	return v.(*series)
+}
+
+// observeCounts reports the counts kept for the observed counters.
+func (m *Metrics) observeCounts(_ context.Context, o metric.Observer) error {
+	m.sources.Range(func(_, v any) bool {
+		c := v.(*sourceCounts)
+		if n := c.received.Load(); n > 0 {
+			o.ObserveInt64(m.received, n, c.obs...)
+		}
+		return true
+	})
+	m.sets.Range(func(k, v any) bool {
+		if k.(setKey).metric == "outcomes" {
+			s := v.(*series)
+			o.ObserveInt64(m.outcomes, s.n.Load(), s.obs...)
+		}
+		return true
+	})
+	return nil
 }
 
 // Received counts a message taken from source: a fresh one from its
 // backlog, or a retry copy.
 func (m *Metrics) Received(source string, retry bool) {
+	c := m.countsOf(source)
 	if !retry {
-		m.takenOf(source).Add(1)
+		c.taken.Add(1)
 	}
 	if m.off {
 		return
 	}
-	m.received.Add(context.Background(), 1, m.series(setKey{metric: "received", source: source}).add...)
+	c.received.Add(1)
 }
 
 // Taken counts the fresh messages taken from source since the start: the
 // completions the drain estimate's μ is taken from.
-func (m *Metrics) Taken(source string) int64 { return m.takenOf(source).Load() }
+func (m *Metrics) Taken(source string) int64 { return m.countsOf(source).taken.Load() }
 
-func (m *Metrics) takenOf(source string) *atomic.Int64 {
-	if v, ok := m.taken.Load(source); ok {
-		return v.(*atomic.Int64)
+func (m *Metrics) countsOf(source string) *sourceCounts {
+	if v, ok := m.sources.Load(source); ok {
+		return v.(*sourceCounts)
 	}
-	v, _ := m.taken.LoadOrStore(source, new(atomic.Int64))
-	return v.(*atomic.Int64)
+	c := &sourceCounts{obs: []metric.ObserveOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("source", source)))}}
+	v, _ := m.sources.LoadOrStore(source, c)
+	return v.(*sourceCounts)
 }
 
 // Attempted counts an attempt's outcome, and whether it was the message's
@@ -187,14 +236,48 @@ func (m *Metrics) Attempted(source, outcome string, first bool, took time.Durati
 	if m.off {
 		return
 	}
+	a := m.attemptSeries(attemptKey{source, outcome, first})
+	a.outcomes.n.Add(1)
+	m.duration.Record(context.Background(), took.Seconds(), a.duration.rec...)
+}
+
+// attemptKey names the series one attempt is counted in.
+type attemptKey struct {
+	source, outcome string
+	first           bool
+}
+
+// attemptSeries are the series of one attemptKey.
+type attemptSeries struct{ outcomes, duration *series }
+
+// attemptSeries finds k's series in a map read without a lock: every
+// attempt looks them up, and a map of the key's own type hashes it faster
+// than sync.Map's look-up through an interface. Writers copy the map.
+func (m *Metrics) attemptSeries(k attemptKey) attemptSeries {
+	if p := m.attempts.Load(); p != nil {
+		if a, ok := (*p)[k]; ok {
+			return a
+		}
+	}
 	attempt := "again"
-	if first {
+	if k.first {
 		attempt = "first"
 	}
-	m.outcomes.Add(context.Background(), 1,
-		m.series(setKey{metric: "outcomes", source: source, name: "outcome", value: outcome, attempt: attempt}).add...)
-	m.duration.Record(context.Background(), took.Seconds(),
-		m.series(setKey{metric: "duration", source: source, name: "outcome", value: outcome}).rec...)
+	a := attemptSeries{
+		outcomes: m.series(setKey{metric: "outcomes", source: k.source, name: "outcome", value: k.outcome, attempt: attempt}),
+		duration: m.series(setKey{metric: "duration", source: k.source, name: "outcome", value: k.outcome}),
+	}
+	m.attemptsMu.Lock()
+	defer m.attemptsMu.Unlock()
+	next := make(map[attemptKey]attemptSeries)
+	if p := m.attempts.Load(); p != nil {
+		for k, v := range *p {
+			next[k] = v
+		}
+	}
+	next[k] = a
+	m.attempts.Store(&next)
+	return a
 }
 
 // Retried counts a copy moved to a retry tier.

@@ -27,6 +27,40 @@ func TestMetricsHotPathAllocatesNothing(t *testing.T) {
 	}
 }
 
+// Messages received and attempts' outcomes are counters by source (and
+// outcome and attempt), counting fresh messages and retry copies alike.
+func TestMetricsReceivedAndOutcomes(t *testing.T) {
+	m, err := NewMetrics(MetricsOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		m.Received("orders", false)
+		m.Attempted("orders", "retry", true, time.Millisecond)
+	}
+	m.Received("orders", true)
+	m.Attempted("orders", "success", false, time.Millisecond)
+	m.Received("payments", false)
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body := rec.Body.String()
+	for _, want := range []string{
+		"# TYPE handoff_messages_received_total counter\n",
+		`handoff_messages_received_total{source="orders"} 4` + "\n",
+		`handoff_messages_received_total{source="payments"} 1` + "\n",
+		"# TYPE handoff_outcomes_total counter\n",
+		`handoff_outcomes_total{attempt="first",outcome="retry",source="orders"} 3` + "\n",
+		`handoff_outcomes_total{attempt="again",outcome="success",source="orders"} 1` + "\n",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("want %q in:\n%s", want, body)
+		}
+	}
+	if m.Taken("orders") != 3 {
+		t.Errorf("taken %d, want 3 (the fresh messages)", m.Taken("orders"))
+	}
+}
+
 // Off, the metrics measure nothing but the completions the drain estimate
 // needs.
 func TestMetricsOffCountOnlyWhatTheDrainNeeds(t *testing.T) {

@@ -1,0 +1,57 @@
+package dispatch
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"handoff.dev/handoff/internal/journal"
+)
+
+// A second delivery of one key waits for the first to unlock; a lock given
+// up by its waiter, or unlocked by its last holder, leaves nothing behind,
+// and a lock taken back from the free ones is not held.
+func TestKeyLocks(t *testing.T) {
+	l := newKeyLocks()
+	a := journal.Key{Source: "s", EventID: "a"}
+	first, err := l.lock(context.Background(), a)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := l.lock(ctx, a); err == nil {
+		t.Fatal("a second lock of a held key did not wait")
+	}
+
+	got := make(chan *keyLock)
+	go func() {
+		kl, _ := l.lock(context.Background(), a)
+		got <- kl
+	}()
+	select {
+	case <-got:
+		t.Fatal("the second lock was taken while the first was held")
+	case <-time.After(50 * time.Millisecond):
+	}
+	l.unlock(a, first)
+	second := <-got
+	l.unlock(a, second)
+
+	l.mu.Lock()
+	n, free := len(l.m), len(l.free)
+	l.mu.Unlock()
+	if n != 0 || free != 1 {
+		t.Fatalf("%d keys locked and %d locks free after every unlock, want 0 and 1", n, free)
+	}
+	// The freed lock serves the next key, and is free for it.
+	b := journal.Key{Source: "s", EventID: "b"}
+	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	kl, err := l.lock(ctx, b)
+	if err != nil || kl != first {
+		t.Fatalf("lock of a new key = %p, %v; want the freed lock %p, taken at once", kl, err, first)
+	}
+	l.unlock(b, kl)
+}
