@@ -381,9 +381,9 @@ func renderLatency(rows []latencyRow) string {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n## Latency under a paced load\n\nMessages are published at a fixed rate for %v into an empty queue or topic while the\n"+
-		"consumer runs, the baseline and the sidecar in pairs at the same load: half the baseline's drain\n"+
-		"rate above, then a quarter of the sidecar's (with a publisher sharing the cores, half of a drain\n"+
-		"rate can already be more than a consumer sustains). Latency is from publish to the app's receipt.\n\n", pacedDuration)
+		"consumer runs, the baseline and the sidecar in pairs at the same load: a third of the baseline's\n"+
+		"drain rate above, then a quarter of the sidecar's (with a publisher sharing the cores, half of a\n"+
+		"drain rate can already be more than a consumer sustains). Latency is from publish to the app's receipt.\n\n", pacedDuration)
 	b.WriteString("| run | paced msgs/s | p50 | p99 | note |\n|---|---:|---:|---:|---|\n")
 	for _, r := range rows {
 		fmt.Fprintf(&b, "| %s | %.0f | %v | %v | %s |\n", r.name, r.rate, r.p50, r.p99, r.note)
