@@ -72,18 +72,22 @@ func (w *webhook) review(req *admissionv1.AdmissionRequest) *admissionv1.Admissi
 		log.Error("pod unreadable", "err", err)
 		return deny(http.StatusBadRequest, "handoff sidecar injector: the pod could not be read: "+err.Error())
 	}
-	if pod.Name == "" {
-		pod.Name = pod.GenerateName // for the log: the API server names it later
+	// The API server names a pod of a controller only after admission, and
+	// only while its name is empty: the name is never written here, the
+	// log says generateName instead.
+	name := pod.Name
+	if name == "" {
+		name = pod.GenerateName + "*"
 	}
 	patch, err := patchFor(req.Object.Raw, &pod, w.cfg)
 	if err != nil {
-		log.Info("pod denied", "pod", pod.Name, "err", err)
+		log.Info("pod denied", "pod", name, "err", err)
 		return deny(http.StatusUnprocessableEntity, err.Error())
 	}
 	if len(patch) == 0 {
 		return &admissionv1.AdmissionResponse{Allowed: true}
 	}
-	log.Info("sidecar injected", "pod", pod.Name, "operations", len(patch))
+	log.Info("sidecar injected", "pod", name, "operations", len(patch))
 	raw, err := json.Marshal(patch)
 	if err != nil {
 		return deny(http.StatusInternalServerError, err.Error())

@@ -226,3 +226,46 @@ func TestWebhookReloadsRotatedCertificate(t *testing.T) {
 		t.Errorf("a broken key file broke the served certificate: %v", err)
 	}
 }
+
+// A pod a controller makes has generateName and no name, and the API server
+// names it after admission only while the name is empty: the patch never
+// touches the name, so every replica still gets a name of its own.
+func TestWebhookKeepsGeneratedName(t *testing.T) {
+	in := startInjector(t)
+	c := in.client(t)
+	for _, name := range []string{"deployment", "job", "daemonset"} {
+		t.Run(name, func(t *testing.T) {
+			_, raw := readPod(t, name)
+			resp := in.review(t, c, raw)
+			if !resp.Allowed || len(resp.Patch) == 0 {
+				t.Fatalf("%+v, want allowed with a patch", resp.Result)
+			}
+			var ops []struct{ Op, Path string }
+			if err := json.Unmarshal(resp.Patch, &ops); err != nil {
+				t.Fatal(err)
+			}
+			for _, op := range ops {
+				if strings.HasPrefix(op.Path, "/metadata/name") || strings.HasPrefix(op.Path, "/metadata/generateName") {
+					t.Errorf("the patch touches the name: %s %s", op.Op, op.Path)
+				}
+			}
+			p, err := jsonpatch.DecodePatch(resp.Patch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			doc, err := p.Apply(raw)
+			if err != nil {
+				t.Fatalf("the patch does not apply: %v", err)
+			}
+			var pod corev1.Pod
+			if err := strictJSON(doc, &pod); err != nil {
+				t.Fatal(err)
+			}
+			var want corev1.Pod
+			_ = json.Unmarshal(raw, &want)
+			if pod.Name != "" || pod.GenerateName != want.GenerateName {
+				t.Errorf("name %q, generateName %q: want no name and generateName %q", pod.Name, pod.GenerateName, want.GenerateName)
+			}
+		})
+	}
+}
