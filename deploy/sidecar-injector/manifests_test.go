@@ -192,7 +192,7 @@ func TestManifestsBuild(t *testing.T) {
 	sts := get[*appsv1.StatefulSet](t, b, "StatefulSet/shop/orders")
 	pod := &corev1.Pod{ObjectMeta: sts.Spec.Template.ObjectMeta, Spec: sts.Spec.Template.Spec}
 	pod.Name = "orders-0"
-	out, err := inject(pod, cfg)
+	out, err := injectPod(t, pod, cfg)
 	if err != nil {
 		t.Fatalf("the example's pod is not injected: %v", err)
 	}

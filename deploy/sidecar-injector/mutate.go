@@ -73,6 +73,17 @@ func wants(pod *corev1.Pod) bool {
 	return err == nil && b
 }
 
+// checkInject denies a pod whose inject annotation is neither true nor
+// false.
+func checkInject(pod *corev1.Pod) error {
+	if v, ok := pod.Annotations[annInject]; ok {
+		if _, err := strconv.ParseBool(v); err != nil {
+			return &Denial{annInject, fmt.Sprintf("%q is not true or false", v), `write "true" to inject the sidecar, or remove the annotation`}
+		}
+	}
+	return nil
+}
+
 // injected reports whether the pod already carries the sidecar: this
 // injector's mark, or a container of its name.
 func injected(pod *corev1.Pod) bool {
@@ -106,10 +117,8 @@ func readOptions(pod *corev1.Pod, cfg Config) (options, error) {
 		logLevel: cmp(a[annLogLevel], cfg.LogLevel), adminPort: cfg.AdminPort, metricsPort: cfg.MetricsPort,
 		resources: *cfg.Resources.DeepCopy(),
 	}
-	if v, ok := a[annInject]; ok {
-		if _, err := strconv.ParseBool(v); err != nil {
-			return o, &Denial{annInject, fmt.Sprintf("%q is not true or false", v), `write "true" to inject the sidecar, or remove the annotation`}
-		}
+	if err := checkInject(pod); err != nil {
+		return o, err
 	}
 	if o.config == "" {
 		return o, &Denial{annConfig, "missing: the sidecar needs its config", "name the ConfigMap that holds the sidecar's config (key " + defaultConfigKey + ", or the one handoff.dev/config-key names)"}
@@ -210,101 +219,6 @@ func cmp(v, def string) string {
 		return v
 	}
 	return def
-}
-
-// inject returns the pod as it should run with the sidecar: the pod is not
-// changed. A pod that does not ask for it, or has it already, comes back
-// as it is.
-func inject(pod *corev1.Pod, cfg Config) (*corev1.Pod, error) {
-	out := pod.DeepCopy()
-	if !wants(pod) {
-		if _, err := readOptions(pod, cfg); err != nil {
-			// Only a bad inject annotation denies a pod that is not asking.
-			if d, ok := err.(*Denial); ok && d.Annotation == annInject {
-				return nil, err
-			}
-		}
-		return out, nil
-	}
-	if injected(pod) {
-		// Called again (reinvocationPolicy IfNeeded) after a mesh's
-		// injector added its native proxy after Handoff: move Handoff
-		// behind it. Nothing else of an injected pod changes.
-		afterMeshProxy(out)
-		return out, nil
-	}
-	o, err := readOptions(pod, cfg)
-	if err != nil {
-		return nil, err
-	}
-	c := o.container(cfg)
-	if o.native {
-		always := corev1.ContainerRestartPolicyAlways
-		c.RestartPolicy = &always
-		// First, so it starts before the app's init containers need it;
-		// then after a mesh proxy that is a native sidecar too.
-		out.Spec.InitContainers = slices.Insert(out.Spec.InitContainers, 0, c)
-		afterMeshProxy(out)
-	} else {
-		out.Spec.Containers = append(out.Spec.Containers, c)
-	}
-	// A pod of a StatefulSet whose volumeClaimTemplates name one
-	// handoff-journal has its own claim already: the journal goes there.
-	ownJournal := slices.ContainsFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == journalVolume })
-	if ownJournal && o.claim != "" {
-		return nil, &Denial{annJournalClaim, "the pod has a volume " + journalVolume + " of its own already", "remove the annotation to keep the journal on that volume, or rename the volume"}
-	}
-	out.Spec.Volumes = append(out.Spec.Volumes, o.volumes(!ownJournal)...)
-	// The app finds the admin API on localhost, and its stop waits for
-	// Handoff's drain: Kubernetes runs a container's preStop hook before
-	// it signals it, and /drain answers once intake has stopped and the
-	// calls in flight are done. A hook of the app's own is left alone.
-	addr := fmt.Sprintf("127.0.0.1:%d", o.adminPort)
-	for i := range out.Spec.Containers {
-		ct := &out.Spec.Containers[i]
-		if ct.Name == containerName || isMeshProxy(*ct) {
-			continue
-		}
-		if !slices.ContainsFunc(ct.Env, func(e corev1.EnvVar) bool { return e.Name == envAdminAddr }) {
-			ct.Env = append(ct.Env, corev1.EnvVar{Name: envAdminAddr, Value: addr})
-		}
-		if ct.Lifecycle == nil {
-			ct.Lifecycle = &corev1.Lifecycle{}
-		}
-		if ct.Lifecycle.PreStop == nil {
-			ct.Lifecycle.PreStop = &corev1.LifecycleHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/drain", Port: intstr.FromInt32(o.metricsPort)}}
-		}
-	}
-	if out.Annotations == nil {
-		out.Annotations = map[string]string{}
-	}
-	if len(o.excludePorts) > 0 {
-		for _, ann := range []string{istioExcludeOutbound, linkerdSkipOutbound} {
-			out.Annotations[ann] = mergePorts(out.Annotations[ann], o.excludePorts)
-		}
-	}
-	out.Annotations[annStatus] = "injected"
-	return out, nil
-}
-
-// afterMeshProxy moves the native Handoff sidecar right after the last
-// mesh proxy that is a native sidecar too, when it is before it: the proxy
-// is up before Handoff dials the broker through it.
-func afterMeshProxy(pod *corev1.Pod) {
-	ics := pod.Spec.InitContainers
-	at := slices.IndexFunc(ics, func(c corev1.Container) bool { return c.Name == containerName })
-	proxy := -1
-	for i, c := range ics {
-		if isMeshProxy(c) && c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
-			proxy = i
-		}
-	}
-	if at < 0 || proxy < at {
-		return
-	}
-	c := ics[at]
-	ics = slices.Delete(ics, at, at+1)
-	pod.Spec.InitContainers = slices.Insert(ics, proxy, c) // proxy moved one left
 }
 
 func isMeshProxy(c corev1.Container) bool {

@@ -7,12 +7,13 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
 	jsonpatch "github.com/evanphx/json-patch/v5"
-	gjsonpatch "gomodules.xyz/jsonpatch/v2"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
@@ -27,7 +28,8 @@ func testConfig() Config {
 }
 
 // readPod reads testdata/name.yaml, and returns it as JSON too, as the API
-// server would send it.
+// server would send it. A pod whose file is named future-* carries fields
+// the injector's types do not know, and is decoded leniently.
 func readPod(t *testing.T, name string) (*corev1.Pod, []byte) {
 	t.Helper()
 	y, err := os.ReadFile(filepath.Join("testdata", name+".yaml"))
@@ -39,10 +41,17 @@ func readPod(t *testing.T, name string) (*corev1.Pod, []byte) {
 		t.Fatal(err)
 	}
 	var pod corev1.Pod
-	if err := strictJSON(raw, &pod); err != nil {
+	if err := decoderFor(name)(raw, &pod); err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
 	return &pod, raw
+}
+
+func decoderFor(name string) func([]byte, any) error {
+	if strings.HasPrefix(name, "future-") {
+		return json.Unmarshal
+	}
+	return strictJSON
 }
 
 func strictJSON(data []byte, v any) error {
@@ -52,8 +61,9 @@ func strictJSON(data []byte, v any) error {
 }
 
 // applyGolden computes the pod's patch, compares it with the golden file
-// (rewritten with -update), applies it to the pod's JSON and decodes the
-// result strictly.
+// (rewritten with -update), applies it to the pod's JSON, checks that the
+// patch kept everything the pod had, and decodes the result (strictly,
+// unless the pod carries unknown fields).
 func applyGolden(t *testing.T, name string) (*corev1.Pod, *corev1.Pod, []byte) {
 	t.Helper()
 	pod, raw := readPod(t, name)
@@ -65,15 +75,19 @@ func applyGolden(t *testing.T, name string) (*corev1.Pod, *corev1.Pod, []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ops) == 0 {
-		patch = []byte("[]")
+	// In the patch's order: an addition at an index depends on those
+	// before it.
+	indented, err := json.MarshalIndent(ops, "", "  ")
+	if err != nil {
+		t.Fatal(err)
 	}
-	// The operations' order varies between runs (a diff walks maps), and
-	// none depends on another's: the golden file holds them sorted.
-	sorted := sortedOps(t, ops)
+	if len(ops) == 0 {
+		patch, indented = []byte("[]"), []byte("[]")
+	}
+	indented = append(indented, '\n')
 	golden := filepath.Join("testdata", name+".patch.json")
 	if *update {
-		if err := os.WriteFile(golden, sorted, 0o644); err != nil {
+		if err := os.WriteFile(golden, indented, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -81,41 +95,130 @@ func applyGolden(t *testing.T, name string) (*corev1.Pod, *corev1.Pod, []byte) {
 	if err != nil {
 		t.Fatalf("%v (run go test -update to write it)", err)
 	}
-	if !bytes.Equal(sorted, want) {
-		t.Errorf("%s: patch differs from %s:\n%s", name, golden, sorted)
+	if !bytes.Equal(indented, want) {
+		t.Errorf("%s: patch differs from %s:\n%s", name, golden, indented)
 	}
-	p, err := jsonpatch.DecodePatch(patch)
-	if err != nil {
-		t.Fatalf("%s: patch does not decode: %v", name, err)
-	}
-	// Applied to the pod as the API server sent it, not as re-encoded here.
-	doc, err := p.Apply(raw)
-	if err != nil {
-		t.Fatalf("%s: patch does not apply: %v", name, err)
+	doc := applyPatch(t, raw, patch)
+	if !slices.ContainsFunc(ops, func(op operation) bool { return op.Op == "move" }) {
+		keepsRequest(t, raw, doc) // a move reorders, and its test checks the order
 	}
 	var out corev1.Pod
-	if err := strictJSON(doc, &out); err != nil {
-		t.Fatalf("%s: patched pod does not decode strictly: %v", name, err)
+	if err := decoderFor(name)(doc, &out); err != nil {
+		t.Fatalf("%s: patched pod does not decode: %v", name, err)
 	}
 	return pod, &out, patch
 }
 
-// sortedOps is the operations, indented, in the order of their encodings.
-func sortedOps(t *testing.T, ops []gjsonpatch.Operation) []byte {
+// applyPatch applies a JSON patch with a real implementation of RFC 6902,
+// to the pod as the API server sent it, not as re-encoded here.
+func applyPatch(t *testing.T, raw, patch []byte) []byte {
 	t.Helper()
-	enc := make([]string, len(ops))
-	for i, op := range ops {
-		b, err := json.MarshalIndent(op, "  ", "  ")
-		if err != nil {
+	p, err := jsonpatch.DecodePatch(patch)
+	if err != nil {
+		t.Fatalf("patch does not decode: %v", err)
+	}
+	doc, err := p.Apply(raw)
+	if err != nil {
+		t.Fatalf("patch does not apply: %v\n%s", err, patch)
+	}
+	return doc
+}
+
+// injectPod is the pod as the patch makes it, or the denial.
+func injectPod(t *testing.T, pod *corev1.Pod, cfg Config) (*corev1.Pod, error) {
+	t.Helper()
+	raw, err := json.Marshal(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops, err := patchFor(raw, pod, cfg)
+	if err != nil {
+		return nil, err
+	}
+	patch, err := json.Marshal(ops)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := pod.DeepCopy()
+	if len(ops) > 0 {
+		*out = corev1.Pod{}
+		if err := strictJSON(applyPatch(t, raw, patch), out); err != nil {
 			t.Fatal(err)
 		}
-		enc[i] = "  " + string(b)
 	}
-	slices.Sort(enc)
-	if len(enc) == 0 {
-		return []byte("[]\n")
+	return out, nil
+}
+
+// mayChange are the paths whose value the injector may change, not only
+// add to: the mesh annotations it adds ports to.
+var mayChange = map[string]bool{
+	pointer("metadata", "annotations", istioExcludeOutbound): true,
+	pointer("metadata", "annotations", linkerdSkipOutbound):  true,
+}
+
+// keepsRequest checks that the patched pod holds everything the request
+// did, unchanged: every member of every object, and every element of
+// every array in its order (with the injector's elements between them).
+func keepsRequest(t *testing.T, raw, patched []byte) {
+	t.Helper()
+	var before, after any
+	if err := json.Unmarshal(raw, &before); err != nil {
+		t.Fatal(err)
 	}
-	return []byte("[\n" + strings.Join(enc, ",\n") + "\n]\n")
+	if err := json.Unmarshal(patched, &after); err != nil {
+		t.Fatal(err)
+	}
+	if path, ok := kept(before, after, ""); !ok {
+		t.Errorf("the patch changed or dropped %s of the request", path)
+	}
+}
+
+// kept reports whether after holds before, and where not.
+func kept(before, after any, path string) (string, bool) {
+	if mayChange[path] {
+		return "", true
+	}
+	switch b := before.(type) {
+	case map[string]any:
+		a, ok := after.(map[string]any)
+		if !ok {
+			return path, false
+		}
+		for k, v := range b {
+			av, ok := a[k]
+			if !ok {
+				return path + pointer(k), false
+			}
+			if p, ok := kept(v, av, path+pointer(k)); !ok {
+				return p, false
+			}
+		}
+		return "", true
+	case []any:
+		a, ok := after.([]any)
+		if !ok {
+			return path, false
+		}
+		j := 0
+		for i, v := range b {
+			for j < len(a) {
+				if _, ok := kept(v, a[j], ""); ok {
+					break
+				}
+				j++
+			}
+			if j == len(a) {
+				return path + "/" + strconv.Itoa(i), false
+			}
+			j++
+		}
+		return "", true
+	default:
+		if !reflect.DeepEqual(before, after) {
+			return path, false
+		}
+		return "", true
+	}
 }
 
 func names(cs []corev1.Container) []string {
@@ -356,6 +459,55 @@ func TestInjectGolden(t *testing.T) {
 		}
 		checkSidecar(t, out, find(t, out.Spec.InitContainers, "handoff"), 9400, 9464, "handoff.yaml")
 	})
+	// Pods as controllers make them: no name yet, the API server's
+	// defaults, the token volume. The patch adds to what is there (the
+	// volumes, the container's mounts) and names nothing.
+	for _, tc := range []struct{ name, generateName, app string }{
+		{"deployment", "orders-7c9d8b6f4-", "app"},
+		{"job", "reindex-orders-", "reindex"},
+		{"daemonset", "node-events-", "agent"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in, out, _ := applyGolden(t, tc.name)
+			if out.Name != "" || out.GenerateName != tc.generateName {
+				t.Errorf("name %q, generateName %q: want no name, generateName %q", out.Name, out.GenerateName, tc.generateName)
+			}
+			checkSidecar(t, out, find(t, out.Spec.InitContainers, "handoff"), 9400, 9464, "handoff.yaml")
+			if got := len(out.Spec.Volumes); got != len(in.Spec.Volumes)+2 || out.Spec.Volumes[0].Name != in.Spec.Volumes[0].Name {
+				t.Errorf("volumes %+v: want the token volume first, then the sidecar's two", out.Spec.Volumes)
+			}
+			app := find(t, out.Spec.Containers, tc.app)
+			if len(app.VolumeMounts) != 1 || app.TerminationMessagePath != "/dev/termination-log" {
+				t.Errorf("the app's mounts or defaults changed: %+v", app)
+			}
+			if len(out.OwnerReferences) != 1 || len(out.Spec.Tolerations) != len(in.Spec.Tolerations) || out.Spec.SchedulerName != "default-scheduler" {
+				t.Errorf("owner %+v, tolerations %d, scheduler %q: the pod's own changed", out.OwnerReferences, len(out.Spec.Tolerations), out.Spec.SchedulerName)
+			}
+		})
+	}
+	t.Run("fields the injector does not know", func(t *testing.T) {
+		_, _, patch := applyGolden(t, "future-fields")
+		_, raw := readPod(t, "future-fields")
+		var doc struct {
+			Metadata map[string]any `json:"metadata"`
+			Spec     struct {
+				FutureField map[string]any   `json:"futureField"`
+				Containers  []map[string]any `json:"containers"`
+			} `json:"spec"`
+		}
+		if err := json.Unmarshal(applyPatch(t, raw, patch), &doc); err != nil {
+			t.Fatal(err)
+		}
+		if doc.Spec.FutureField["mode"] != "Strict" || len(doc.Spec.Containers) != 1 || doc.Spec.Containers[0]["unknownContainerField"] == nil {
+			t.Errorf("spec %+v: the unknown fields are gone", doc.Spec)
+		}
+		if env, _ := doc.Spec.Containers[0]["env"].([]any); len(env) != 2 || env[0].(map[string]any)["futureEnvField"] != "x" {
+			t.Errorf("env %v: want LOG_LEVEL with its unknown field, then %s", env, envAdminAddr)
+		}
+		if _, ok := doc.Metadata["name"]; ok {
+			t.Errorf("metadata %v: a name was written", doc.Metadata)
+		}
+	})
 	t.Run("not asking", func(t *testing.T) {
 		_, _, patch := applyGolden(t, "not-asking")
 		if string(patch) != "[]" {
@@ -397,24 +549,24 @@ func TestInjectDeniesBadAnnotations(t *testing.T) {
 	} {
 		pod := base.DeepCopy()
 		pod.Annotations[ann] = val
-		_, err := inject(pod, testConfig())
+		_, err := injectPod(t, pod, testConfig())
 		if !errors.As(err, &d) || d.Annotation != ann || d.Fix == "" {
 			t.Errorf("%s: %q: err = %v, want a denial naming it with a fix", ann, val, err)
 		}
 	}
 	pod, _ = readPod(t, "statefulset-claim")
 	pod.Annotations[annJournalClaim] = "another-claim"
-	if _, err := inject(pod, testConfig()); !errors.As(err, &d) || d.Annotation != annJournalClaim {
+	if _, err := injectPod(t, pod, testConfig()); !errors.As(err, &d) || d.Annotation != annJournalClaim {
 		t.Errorf("a claim named beside the pod's own journal volume: err = %v, want a denial naming %s", err, annJournalClaim)
 	}
 	pod = base.DeepCopy()
 	delete(pod.Annotations, annConfig)
-	if _, err := inject(pod, testConfig()); !errors.As(err, &d) || d.Annotation != annConfig {
+	if _, err := injectPod(t, pod, testConfig()); !errors.As(err, &d) || d.Annotation != annConfig {
 		t.Errorf("no config: err = %v, want a denial naming %s", err, annConfig)
 	}
 	pod = base.DeepCopy()
 	pod.Annotations[annCPURequest], pod.Annotations[annCPULimit] = "2", "500m"
-	if _, err := inject(pod, testConfig()); !errors.As(err, &d) || !strings.Contains(d.Problem, "above limit") {
+	if _, err := injectPod(t, pod, testConfig()); !errors.As(err, &d) || !strings.Contains(d.Problem, "above limit") {
 		t.Errorf("request above limit: err = %v", err)
 	}
 }
@@ -423,7 +575,7 @@ func TestInjectDeniesBadAnnotations(t *testing.T) {
 // would make it, returns no patch.
 func TestInjectIsIdempotent(t *testing.T) {
 	pod, _ := readPod(t, "istio-native")
-	once, err := inject(pod, testConfig())
+	once, err := injectPod(t, pod, testConfig())
 	if err != nil {
 		t.Fatal(err)
 	}

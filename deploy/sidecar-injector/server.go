@@ -8,11 +8,9 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"slices"
 	"sync"
 	"time"
 
-	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -94,31 +92,6 @@ func (w *webhook) review(req *admissionv1.AdmissionRequest) *admissionv1.Admissi
 	}
 	pt := admissionv1.PatchTypeJSONPatch
 	return &admissionv1.AdmissionResponse{Allowed: true, Patch: raw, PatchType: &pt}
-}
-
-// patchFor is the JSON patch that turns the pod (raw, as the API server
-// sent it, and pod, decoded from it) into the injected one; empty when
-// nothing changes.
-func patchFor(raw []byte, pod *corev1.Pod, cfg Config) ([]jsonpatch.Operation, error) {
-	out, err := inject(pod, cfg)
-	if err != nil {
-		return nil, err
-	}
-	mutated, err := json.Marshal(out)
-	if err != nil {
-		return nil, err
-	}
-	// A pod that does not ask, or that was injected and kept its order,
-	// has no patch: a diff against the request would only show how the
-	// request spelt what it left out.
-	if !wants(pod) || injected(pod) && slices.EqualFunc(pod.Spec.InitContainers, out.Spec.InitContainers,
-		func(a, b corev1.Container) bool { return a.Name == b.Name }) {
-		return nil, nil
-	}
-	// Against the object as the API server holds it, which the patch is
-	// applied to: a field the types write and the request left out
-	// (resources: {}) would otherwise be a path the server does not have.
-	return jsonpatch.CreatePatch(raw, mutated)
 }
 
 func deny(code int32, msg string) *admissionv1.AdmissionResponse {
