@@ -65,20 +65,28 @@ func (d *Denial) Error() string {
 
 // wants reports whether the pod asks for injection.
 func wants(pod *corev1.Pod) bool {
-	v, ok := pod.Annotations[annInject]
-	if !ok {
-		return false
+	return pod.Annotations[annInject] == "true"
+}
+
+// boolAnnotation reads an annotation that is "true" or "false", spelt so:
+// Kubernetes' own boolean annotations are, and a "1", "True" or "yes" that
+// one tool reads as true and another as false is refused instead.
+func boolAnnotation(v string) (bool, bool) {
+	switch v {
+	case "true":
+		return true, true
+	case "false":
+		return false, true
 	}
-	b, err := strconv.ParseBool(v)
-	return err == nil && b
+	return false, false
 }
 
 // checkInject denies a pod whose inject annotation is neither true nor
 // false.
 func checkInject(pod *corev1.Pod) error {
 	if v, ok := pod.Annotations[annInject]; ok {
-		if _, err := strconv.ParseBool(v); err != nil {
-			return &Denial{annInject, fmt.Sprintf("%q is not true or false", v), `write "true" to inject the sidecar, or remove the annotation`}
+		if _, ok := boolAnnotation(v); !ok {
+			return &Denial{annInject, fmt.Sprintf(`%q is not "true" or "false"`, v), `write "true" to inject the sidecar, or remove the annotation`}
 		}
 	}
 	return nil
@@ -135,9 +143,9 @@ func readOptions(pod *corev1.Pod, cfg Config) (options, error) {
 		return o, &Denial{annConfigKey, fmt.Sprintf("%q is not a ConfigMap key: %s", o.configKey, strings.Join(errs, "; ")), "name the key of the ConfigMap that holds the config"}
 	}
 	if v, ok := a[annNative]; ok {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return o, &Denial{annNative, fmt.Sprintf("%q is not true or false", v), `write "false" to run the sidecar as a plain container (Kubernetes before 1.29), or remove the annotation`}
+		b, ok := boolAnnotation(v)
+		if !ok {
+			return o, &Denial{annNative, fmt.Sprintf(`%q is not "true" or "false"`, v), `write "false" to run the sidecar as a plain container (Kubernetes before 1.29), or remove the annotation`}
 		}
 		o.native = b
 	}

@@ -536,23 +536,39 @@ func TestInjectDeniesBadAnnotations(t *testing.T) {
 		t.Errorf("denial %q, want %s (%v)", err, golden, rerr)
 	}
 	base, _ := readPod(t, "plain")
-	for ann, val := range map[string]string{
-		annInject:       "yes please",
-		annNative:       "maybe",
-		annLogLevel:     "loud",
-		annAdminPort:    "70000",
-		annMetricsPort:  "9400",
-		annCPURequest:   "-1",
-		annBrokerPorts:  "5672,amqp",
-		annJournalClaim: "Not_A_Name",
-		annConfigKey:    "a/b",
+	for _, tc := range []struct{ ann, val string }{
+		{annInject, "yes please"},
+		{annInject, "1"},
+		{annInject, "True"},
+		{annInject, "TRUE"},
+		{annInject, "t"},
+		{annNative, "maybe"},
+		{annNative, "0"},
+		{annLogLevel, "loud"},
+		{annAdminPort, "70000"},
+		{annMetricsPort, "9400"},
+		{annCPURequest, "-1"},
+		{annBrokerPorts, "5672,amqp"},
+		{annJournalClaim, "Not_A_Name"},
+		{annConfigKey, "a/b"},
 	} {
 		pod := base.DeepCopy()
-		pod.Annotations[ann] = val
+		pod.Annotations[tc.ann] = tc.val
 		_, err := injectPod(t, pod, testConfig())
-		if !errors.As(err, &d) || d.Annotation != ann || d.Fix == "" {
-			t.Errorf("%s: %q: err = %v, want a denial naming it with a fix", ann, val, err)
+		if !errors.As(err, &d) || d.Annotation != tc.ann || d.Fix == "" || !strings.Contains(err.Error(), tc.ann) {
+			t.Errorf("%s: %q: err = %v, want a denial naming it with a fix", tc.ann, tc.val, err)
 		}
+	}
+	// A pod that does not ask is denied for an inject annotation that is
+	// neither, and passes with "false".
+	pod = base.DeepCopy()
+	pod.Annotations[annInject] = "False"
+	if _, err := injectPod(t, pod, testConfig()); !errors.As(err, &d) || d.Annotation != annInject {
+		t.Errorf(`inject "False": err = %v, want a denial naming %s`, err, annInject)
+	}
+	pod.Annotations[annInject] = "false"
+	if out, err := injectPod(t, pod, testConfig()); err != nil || len(out.Spec.InitContainers) != 0 {
+		t.Errorf(`inject "false": %v, init containers %v; want the pod unchanged`, err, out)
 	}
 	pod, _ = readPod(t, "statefulset-claim")
 	pod.Annotations[annJournalClaim] = "another-claim"
