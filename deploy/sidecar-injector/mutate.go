@@ -295,6 +295,9 @@ func (o options) container(cfg Config) corev1.Container {
 		SecurityContext: &corev1.SecurityContext{
 			RunAsNonRoot: &nonRoot, RunAsUser: &uid, AllowPrivilegeEscalation: &noEscalation, ReadOnlyRootFilesystem: &readOnly,
 			Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+			// Pod Security "restricted" wants it of every container whose
+			// pod does not set it for all.
+			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 		},
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 	}

@@ -303,6 +303,12 @@ func checkSidecar(t *testing.T, pod *corev1.Pod, c corev1.Container, adminPort, 
 	if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
 		t.Errorf("security context %+v, want non-root with a read-only root", sc)
 	}
+	// What Pod Security "restricted" requires of a container.
+	if sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+		sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) != 0 ||
+		sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("security context %+v, want what Pod Security restricted requires: no escalation, ALL dropped, seccomp RuntimeDefault", sc)
+	}
 	want := "127.0.0.1:" + itoa(adminPort)
 	for _, app := range pod.Spec.Containers {
 		if app.Name == containerName || isMeshProxy(app) {
