@@ -289,9 +289,19 @@ func (o options) container(cfg Config) corev1.Container {
 			{Name: configVolume, MountPath: configDir, ReadOnly: true},
 			{Name: journalVolume, MountPath: journalDir},
 		},
-		StartupProbe:   probe("/readyz", 2, 60),
-		ReadinessProbe: probe("/readyz", 5, 3),
-		LivenessProbe:  probe("/healthz", 10, 3),
+		// A native sidecar's startup probe holds back the app's start:
+		// it asks only that the process serves, /drain with it, never for
+		// the app (which cannot answer before it starts) or the broker.
+		// Two minutes is for a large journal's recovery.
+		StartupProbe: probe("/startupz", 1, 120),
+		// The sidecar's readiness is part of the pod's, which a Service
+		// routes the app's traffic on: it says only that the sidecar is
+		// not stopping. A broker outage, or the app away, would take
+		// every replica out of its Service and stall a rollout, and the
+		// app serves without the broker.
+		ReadinessProbe: probe("/runningz", 5, 3),
+		// A restart mends a wedged process, never a broker or app away.
+		LivenessProbe: probe("/healthz", 10, 3),
 		SecurityContext: &corev1.SecurityContext{
 			RunAsNonRoot: &nonRoot, RunAsUser: &uid, AllowPrivilegeEscalation: &noEscalation, ReadOnlyRootFilesystem: &readOnly,
 			Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},

@@ -259,7 +259,7 @@ func checkSidecar(t *testing.T, pod *corev1.Pod, c corev1.Container, adminPort, 
 		name string
 		pr   *corev1.Probe
 		path string
-	}{{"startup", c.StartupProbe, "/readyz"}, {"readiness", c.ReadinessProbe, "/readyz"}, {"liveness", c.LivenessProbe, "/healthz"}} {
+	}{{"startup", c.StartupProbe, "/startupz"}, {"readiness", c.ReadinessProbe, "/runningz"}, {"liveness", c.LivenessProbe, "/healthz"}} {
 		if p.pr == nil || p.pr.HTTPGet == nil || p.pr.HTTPGet.Path != p.path || p.pr.HTTPGet.Port.StrVal != "handoff-metrics" {
 			t.Errorf("%s probe = %+v, want GET %s on handoff-metrics", p.name, p.pr, p.path)
 		}
