@@ -359,7 +359,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 			return err
 		}
 		if cfg.Shutdown.HTTPDrain {
-			hs.HandleDrain(func(req context.Context) error {
+			hs.HandleDrain(cfg.Shutdown.DrainToken, func(req context.Context) error {
 				requestDrain()
 				select {
 				case <-drained:

@@ -10,6 +10,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"errors"
 	"flag"
@@ -66,7 +67,8 @@ func run(args []string) error {
 // serve answers on ln over TLS until ctx is done, then lets requests in
 // flight finish.
 func serve(ctx context.Context, ln net.Listener, cfg Config, certs *certReloader, log *slog.Logger) error {
-	wh := &webhook{cfg: cfg, log: log}
+	// 128 random bits a pod: the drain token guards one pod's /drain.
+	wh := &webhook{cfg: cfg, log: log, newToken: rand.Text}
 	srv := &http.Server{
 		Handler:           wh.routes(),
 		TLSConfig:         &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: certs.GetCertificate},

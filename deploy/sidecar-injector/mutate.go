@@ -50,6 +50,10 @@ const (
 	tokenSecretKey       = "token"
 	defaultConfigKey     = "handoff.yaml"
 	envAdminAddr         = "HANDOFF_ADMIN_ADDR"
+	// envDrainToken is the pod's drain token, in the sidecar's environment
+	// (where /drain requires it) and in an app container's with a preStop
+	// hook of its own.
+	envDrainToken = "HANDOFF_DRAIN_TOKEN"
 )
 
 // Denial is a pod refused: the annotation at fault and how to fix it.
@@ -250,7 +254,7 @@ func mergePorts(list string, ports []int32) string {
 }
 
 // container is the sidecar's container for the pod.
-func (o options) container(cfg Config) corev1.Container {
+func (o options) container(cfg Config, drainToken string) corev1.Container {
 	env := []corev1.EnvVar{
 		{Name: "HANDOFF_JOURNAL_PATH", Value: journalDir + "/journal.db"},
 		{Name: "HANDOFF_INSTANCE_ID", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
@@ -258,8 +262,11 @@ func (o options) container(cfg Config) corev1.Container {
 		{Name: "HANDOFF_METRICS_LISTEN", Value: fmt.Sprintf("0.0.0.0:%d", o.metricsPort)},
 		// The admin API has no TLS: it stays on the pod's loopback.
 		{Name: "HANDOFF_ADMIN_LISTEN", Value: fmt.Sprintf("127.0.0.1:%d", o.adminPort)},
-		// GET /drain, for the app containers' preStop hooks.
+		// GET /drain, for the app containers' preStop hooks, which send
+		// the token: without it, anyone who reaches the pod could stop
+		// its consumer.
 		{Name: "HANDOFF_HTTP_DRAIN", Value: "true"},
+		{Name: envDrainToken, Value: drainToken},
 	}
 	if o.tokenSecret != "" {
 		env = append(env, corev1.EnvVar{Name: "HANDOFF_ADMIN_TOKEN", ValueFrom: &corev1.EnvVarSource{

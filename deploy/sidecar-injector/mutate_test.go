@@ -21,6 +21,10 @@ import (
 
 var update = flag.Bool("update", false, "rewrite the golden patches in testdata")
 
+// testToken is the drain token of every pod the tests inject: golden
+// patches need one that does not change.
+func testToken() string { return "TESTDRAINTOKEN23456789ABCD" }
+
 func testConfig() Config {
 	cfg := defaultConfig()
 	cfg.Image = "handoff/sidecar:0.1.0"
@@ -67,7 +71,7 @@ func strictJSON(data []byte, v any) error {
 func applyGolden(t *testing.T, name string) (*corev1.Pod, *corev1.Pod, []byte) {
 	t.Helper()
 	pod, raw := readPod(t, name)
-	ops, err := patchFor(raw, pod, testConfig())
+	ops, err := patchFor(raw, pod, testConfig(), testToken)
 	if err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
@@ -131,7 +135,7 @@ func injectPod(t *testing.T, pod *corev1.Pod, cfg Config) (*corev1.Pod, error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ops, err := patchFor(raw, pod, cfg)
+	ops, err := patchFor(raw, pod, cfg, testToken)
 	if err != nil {
 		return nil, err
 	}
@@ -276,6 +280,12 @@ func checkSidecar(t *testing.T, pod *corev1.Pod, c corev1.Container, adminPort, 
 	if e := env(c, "HANDOFF_HTTP_DRAIN"); e == nil || e.Value != "true" {
 		t.Errorf("HANDOFF_HTTP_DRAIN = %+v, want true", e)
 	}
+	var drainToken string
+	if e := env(c, envDrainToken); e == nil || len(e.Value) < 16 {
+		t.Errorf("%s = %+v, want a token of 16 bytes or more", envDrainToken, e)
+	} else {
+		drainToken = e.Value
+	}
 	if e := env(c, "HANDOFF_ADMIN_LISTEN"); e == nil || !strings.HasPrefix(e.Value, "127.0.0.1:") {
 		t.Errorf("HANDOFF_ADMIN_LISTEN = %+v, want the pod's loopback", e)
 	}
@@ -321,6 +331,13 @@ func checkSidecar(t *testing.T, pod *corev1.Pod, c corev1.Container, adminPort, 
 			t.Errorf("app container %s has no preStop hook", app.Name)
 		} else if g := l.PreStop.HTTPGet; g != nil && (g.Path != "/drain" || g.Port.IntValue() != int(metricsPort)) {
 			t.Errorf("app container %s: preStop %+v, want GET /drain on %d", app.Name, g, metricsPort)
+		} else if g != nil && (len(g.HTTPHeaders) != 1 || g.HTTPHeaders[0].Name != "Authorization" || g.HTTPHeaders[0].Value != "Bearer "+drainToken) {
+			t.Errorf("app container %s: preStop headers %+v, want the sidecar's drain token as a bearer token", app.Name, g.HTTPHeaders)
+		} else if g == nil {
+			// A hook of the app's own sends the token itself.
+			if e := env(app, envDrainToken); e == nil || e.Value != drainToken {
+				t.Errorf("app container %s with a hook of its own: %s = %+v, want the drain token", app.Name, envDrainToken, e)
+			}
 		}
 	}
 	if pod.Annotations[annStatus] != "injected" {
@@ -526,7 +543,7 @@ func TestInjectGolden(t *testing.T) {
 // so does each other kind of bad value.
 func TestInjectDeniesBadAnnotations(t *testing.T) {
 	pod, raw := readPod(t, "bad-annotation")
-	_, err := patchFor(raw, pod, testConfig())
+	_, err := patchFor(raw, pod, testConfig(), testToken)
 	var d *Denial
 	if !errors.As(err, &d) || d.Annotation != annMemLimit {
 		t.Fatalf("err = %v, want a denial naming %s", err, annMemLimit)
@@ -605,7 +622,7 @@ func TestInjectIsIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ops, err := patchFor(raw, once, testConfig())
+	ops, err := patchFor(raw, once, testConfig(), testToken)
 	if err != nil || len(ops) != 0 {
 		t.Errorf("second injection: %d operations, %v; want none", len(ops), err)
 	}

@@ -37,7 +37,10 @@ func pointer(tokens ...string) string {
 // never writes a field it does not add, so a field the injector's types do
 // not know, a default the server applied, a name still to be generated,
 // all stay as they are. Empty when nothing changes.
-func patchFor(raw []byte, pod *corev1.Pod, cfg Config) ([]operation, error) {
+//
+// newToken makes the pod's drain token: its preStop hooks send it to
+// /drain, which refuses a request without it.
+func patchFor(raw []byte, pod *corev1.Pod, cfg Config, newToken func() string) ([]operation, error) {
 	if !wants(pod) {
 		// Only a bad inject annotation denies a pod that is not asking.
 		return nil, checkInject(pod)
@@ -71,7 +74,8 @@ func patchFor(raw []byte, pod *corev1.Pod, cfg Config) ([]operation, error) {
 	}
 
 	var ops []operation
-	c := o.container(cfg)
+	token := newToken()
+	c := o.container(cfg, token)
 	if o.native {
 		always := corev1.ContainerRestartPolicyAlways
 		c.RestartPolicy = &always
@@ -88,18 +92,28 @@ func patchFor(raw []byte, pod *corev1.Pod, cfg Config) ([]operation, error) {
 	// The app finds the admin API on localhost, and its stop waits for
 	// Handoff's drain: Kubernetes runs a container's preStop hook before
 	// it signals it, and /drain answers once intake has stopped and the
-	// calls in flight are done. A hook of the app's own is left alone.
+	// calls in flight are done. The hook is an httpGet, which the kubelet
+	// sends (an image without a shell can have it), carrying the drain
+	// token. A hook of the app's own is left alone, and gets the token
+	// in its environment to send itself.
 	addr := fmt.Sprintf("127.0.0.1:%d", o.adminPort)
 	for i, ct := range pod.Spec.Containers {
 		if isMeshProxy(ct) {
 			continue
 		}
 		at := []string{"spec", "containers", strconv.Itoa(i)}
-		if !slices.ContainsFunc(ct.Env, func(e corev1.EnvVar) bool { return e.Name == envAdminAddr }) {
-			ops = appendTo(ops, doc, append(at, "env"), -1, corev1.EnvVar{Name: envAdminAddr, Value: addr})
+		ownHook := ct.Lifecycle != nil && ct.Lifecycle.PreStop != nil
+		for _, e := range []corev1.EnvVar{{Name: envAdminAddr, Value: addr}, {Name: envDrainToken, Value: token}} {
+			if e.Name == envDrainToken && !ownHook || slices.ContainsFunc(ct.Env, func(have corev1.EnvVar) bool { return have.Name == e.Name }) {
+				continue
+			}
+			ops = appendTo(ops, doc, append(at, "env"), -1, e)
 		}
-		if ct.Lifecycle == nil || ct.Lifecycle.PreStop == nil {
-			hook := &corev1.LifecycleHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/drain", Port: intstr.FromInt32(o.metricsPort)}}
+		if !ownHook {
+			hook := &corev1.LifecycleHandler{HTTPGet: &corev1.HTTPGetAction{
+				Path: "/drain", Port: intstr.FromInt32(o.metricsPort),
+				HTTPHeaders: []corev1.HTTPHeader{{Name: "Authorization", Value: "Bearer " + token}},
+			}}
 			ops = setIn(ops, doc, append(at, "lifecycle", "preStop"), hook)
 		}
 	}

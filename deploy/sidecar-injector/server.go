@@ -24,6 +24,8 @@ const maxReview = 8 << 20
 type webhook struct {
 	cfg Config
 	log *slog.Logger
+	// newToken makes a pod's drain token; rand.Text outside tests.
+	newToken func() string
 }
 
 func (w *webhook) routes() *http.ServeMux {
@@ -77,7 +79,7 @@ func (w *webhook) review(req *admissionv1.AdmissionRequest) *admissionv1.Admissi
 	if name == "" {
 		name = pod.GenerateName + "*"
 	}
-	patch, err := patchFor(req.Object.Raw, &pod, w.cfg)
+	patch, err := patchFor(req.Object.Raw, &pod, w.cfg, w.newToken)
 	if err != nil {
 		log.Info("pod denied", "pod", name, "err", err)
 		return deny(http.StatusUnprocessableEntity, err.Error())

@@ -269,3 +269,29 @@ func TestWebhookKeepsGeneratedName(t *testing.T) {
 		})
 	}
 }
+
+// Each pod gets a drain token of its own, random: its sidecar requires it,
+// its preStop hook sends it, and another pod's does not open this one.
+func TestWebhookDrainTokenPerPod(t *testing.T) {
+	in := startInjector(t)
+	c := in.client(t)
+	_, raw := readPod(t, "deployment")
+	tokens := map[string]bool{}
+	for range 3 {
+		resp := in.review(t, c, raw)
+		var pod corev1.Pod
+		if err := strictJSON(applyPatch(t, raw, resp.Patch), &pod); err != nil {
+			t.Fatal(err)
+		}
+		side := find(t, pod.Spec.InitContainers, containerName)
+		checkSidecar(t, &pod, side, 9400, 9464, "handoff.yaml")
+		tok := env(side, envDrainToken).Value
+		if len(tok) < 26 {
+			t.Errorf("drain token %q: want 128 random bits", tok)
+		}
+		tokens[tok] = true
+	}
+	if len(tokens) != 3 {
+		t.Errorf("three pods, %d distinct drain tokens", len(tokens))
+	}
+}

@@ -26,6 +26,10 @@ var envOverrides = []struct {
 	}},
 	{"HANDOFF_METRICS_LISTEN", "telemetry.metrics_listen", func(c *Config, v string) error { c.Telemetry.MetricsListen = v; return nil }},
 	{"HANDOFF_INSTANCE_ID", "sources[*].kafka.instance_id", func(c *Config, v string) error { c.setInstanceID(v); return nil }},
+	{"HANDOFF_DRAIN_TOKEN", "shutdown.drain_token", func(c *Config, v string) error {
+		c.Shutdown.DrainToken = strings.TrimSpace(v)
+		return nil
+	}},
 	{"HANDOFF_HTTP_DRAIN", "shutdown.http_drain", func(c *Config, v string) error {
 		b, err := strconv.ParseBool(v)
 		if err != nil {

@@ -112,3 +112,45 @@ func TestMatchesSourcePath(t *testing.T) {
 		}
 	}
 }
+
+// GET /drain stops the sidecar: on a listener other hosts reach it needs
+// HANDOFF_DRAIN_TOKEN, on loopback it may go without; a token too short
+// to guard anything is refused, and none of the problems quote it.
+func TestDrainToken(t *testing.T) {
+	const token = "0123456789abcdef0123456789abcdef"
+	tests := []struct {
+		name string
+		env  map[string]string
+		want string // a problem, or "" for valid
+	}{
+		{"pod address without a token", map[string]string{"HANDOFF_HTTP_DRAIN": "true", "HANDOFF_METRICS_LISTEN": "0.0.0.0:9464"},
+			`shutdown.http_drain: telemetry.metrics_listen "0.0.0.0:9464" is reachable from other hosts`},
+		{"every interface without a token", map[string]string{"HANDOFF_HTTP_DRAIN": "true", "HANDOFF_METRICS_LISTEN": ":9464"},
+			`shutdown.http_drain: telemetry.metrics_listen ":9464" is reachable from other hosts`},
+		{"pod address with a token", map[string]string{"HANDOFF_HTTP_DRAIN": "true", "HANDOFF_METRICS_LISTEN": "0.0.0.0:9464", "HANDOFF_DRAIN_TOKEN": token}, ""},
+		{"loopback without a token", map[string]string{"HANDOFF_HTTP_DRAIN": "true", "HANDOFF_METRICS_LISTEN": "127.0.0.1:9464"}, ""},
+		{"localhost without a token", map[string]string{"HANDOFF_HTTP_DRAIN": "true", "HANDOFF_METRICS_LISTEN": "localhost:9464"}, ""},
+		{"no drain, any address", map[string]string{"HANDOFF_METRICS_LISTEN": "0.0.0.0:9464"}, ""},
+		{"short token", map[string]string{"HANDOFF_HTTP_DRAIN": "true", "HANDOFF_DRAIN_TOKEN": "hunter2"},
+			"shutdown.drain_token: want at least 16 bytes of printable text without spaces (a header value), got 7 bytes (set by HANDOFF_DRAIN_TOKEN)"},
+		{"token with a space", map[string]string{"HANDOFF_DRAIN_TOKEN": "0123456789 abcdef"}, "shutdown.drain_token: want at least 16"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := loadEnv(t, envYAML, tc.env)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("want valid, got %v", err)
+				}
+				if cfg.Shutdown.DrainToken != tc.env["HANDOFF_DRAIN_TOKEN"] {
+					t.Errorf("drain token %q, want the variable's", cfg.Shutdown.DrainToken)
+				}
+				return
+			}
+			wantProblem(t, err, tc.want)
+			if tok := tc.env["HANDOFF_DRAIN_TOKEN"]; tok != "" && strings.Contains(err.Error(), tok) {
+				t.Errorf("the problem quotes the token: %v", err)
+			}
+		})
+	}
+}

@@ -2,6 +2,8 @@ package telemetry
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -69,9 +71,28 @@ func Listen(addr string, checks []Check, metrics http.Handler, log *slog.Logger)
 // HandleDrain serves GET /drain, before Run: drain starts the shutdown,
 // and its answer waits until drain returns (or the caller leaves). A
 // second call waits for the same drain.
-func (s *Server) HandleDrain(drain func(ctx context.Context) error) {
+//
+// With a token, a request must carry it as its bearer token
+// (Authorization: Bearer <token>, which a preStop hook's httpHeaders can
+// send); one without it, or with another, is 401 and drains nothing.
+// Without a token every caller may drain: the caller keeps the listener
+// where only trusted ones reach it (config allows it on loopback only).
+func (s *Server) HandleDrain(token string, drain func(ctx context.Context) error) {
 	s.drain.Store(true)
+	want := sha256.Sum256([]byte(token))
 	s.mux.HandleFunc("GET /drain", func(w http.ResponseWriter, r *http.Request) {
+		if token != "" {
+			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			// Compared as digests, in constant time: neither the bytes
+			// nor the length of the token leak through the time taken.
+			sum := sha256.Sum256([]byte(got))
+			if subtle.ConstantTimeCompare(sum[:], want[:]) != 1 || !ok {
+				s.log.Warn("drain refused: no valid drain token", "remote", r.RemoteAddr)
+				w.Header().Set("WWW-Authenticate", `Bearer realm="handoff drain"`)
+				http.Error(w, "drain needs the pod's drain token (Authorization: Bearer)", http.StatusUnauthorized)
+				return
+			}
+		}
 		s.log.Info("drain requested", "remote", r.RemoteAddr)
 		if err := drain(r.Context()); err != nil {
 			http.Error(w, redact.Text(err.Error()), http.StatusServiceUnavailable)

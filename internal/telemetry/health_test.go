@@ -109,7 +109,7 @@ func TestProbeEndpoints(t *testing.T) {
 		{Name: "source orders", Ready: failing(&brokerDown, "not connected")},
 		{Name: "app", Ready: failing(&appDown, "app unreachable")},
 	}
-	get := serveHealth(t, checks, func(s *Server) { s.HandleDrain(func(context.Context) error { return nil }) })
+	get := serveHealth(t, checks, func(s *Server) { s.HandleDrain("", func(context.Context) error { return nil }) })
 
 	tests := []struct {
 		name                      string
@@ -156,5 +156,58 @@ func TestStartupNeedsDrain(t *testing.T) {
 	}
 	if code, _ := get("/healthz"); code != 200 {
 		t.Errorf("/healthz = %d, want 200", code)
+	}
+}
+
+// With a token, /drain drains only for a request that carries it: none,
+// another, a prefix of it, or it under another scheme, is 401 and drains
+// nothing; the token itself drains.
+func TestDrainNeedsToken(t *testing.T) {
+	const token = "5f0c1e9a7b3d42e8a6c0f1b2d3e4a5b6"
+	var drains atomic.Int32
+	s, err := Listen("127.0.0.1:0", nil, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.HandleDrain(token, func(context.Context) error { drains.Add(1); return nil })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	drain := func(auth string) int {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodGet, "http://"+s.Addr()+"/drain", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		if resp.StatusCode == http.StatusUnauthorized && resp.Header.Get("WWW-Authenticate") == "" {
+			t.Error("a 401 without WWW-Authenticate")
+		}
+		return resp.StatusCode
+	}
+	for _, auth := range []string{"", "Bearer ", "Bearer wrong", "Bearer " + token[:31], "Bearer " + token + "x", "Basic " + token, token} {
+		if code := drain(auth); code != http.StatusUnauthorized {
+			t.Errorf("Authorization %q: %d, want 401", auth, code)
+		}
+	}
+	if n := drains.Load(); n != 0 {
+		t.Fatalf("%d drains from refused requests", n)
+	}
+	if code := drain("Bearer " + token); code != http.StatusOK || drains.Load() != 1 {
+		t.Errorf("with the token: %d, %d drains; want 200 and one drain", code, drains.Load())
 	}
 }
