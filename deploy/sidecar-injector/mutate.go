@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -30,6 +31,7 @@ const (
 	annLogLevel     = "handoff.dev/log-level"
 	annJournalClaim = "handoff.dev/journal-claim"
 	annBrokerPorts  = "handoff.dev/exclude-outbound-ports"
+	annDrain        = "handoff.dev/drain-timeout"
 	// annStatus marks a pod this injector changed: seeing it, a second
 	// call (a reinvocation, a retried request) changes nothing.
 	annStatus = "handoff.dev/status"
@@ -117,6 +119,7 @@ type options struct {
 	adminPort, metricsPort                int32
 	resources                             corev1.ResourceRequirements
 	excludePorts                          []int32
+	drain                                 time.Duration
 }
 
 // readOptions reads the pod's annotations over cfg. The first bad one is a
@@ -127,7 +130,7 @@ func readOptions(pod *corev1.Pod, cfg Config) (options, error) {
 		config: a[annConfig], configKey: cmp(a[annConfigKey], defaultConfigKey), tokenSecret: a[annToken],
 		claim: a[annJournalClaim], native: cfg.NativeSidecar, image: cmp(a[annImage], cfg.Image),
 		logLevel: cmp(a[annLogLevel], cfg.LogLevel), adminPort: cfg.AdminPort, metricsPort: cfg.MetricsPort,
-		resources: *cfg.Resources.DeepCopy(),
+		resources: *cfg.Resources.DeepCopy(), drain: cfg.DrainTimeout.Duration,
 	}
 	if err := checkInject(pod); err != nil {
 		return o, err
@@ -200,6 +203,16 @@ func readOptions(pod *corev1.Pod, cfg Config) (options, error) {
 			return o, &Denial{"handoff.dev/" + string(name) + "-request", fmt.Sprintf("request %s is above limit %s", req.String(), lim.String()), "lower the request or raise the limit"}
 		}
 	}
+	if v, ok := a[annDrain]; ok {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < time.Second || d > time.Hour {
+			return o, &Denial{annDrain, fmt.Sprintf("%q is not a duration from 1s to 1h", v), `write how long the drain may take, such as "20s"`}
+		}
+		o.drain = d
+	}
+	if err := o.checkGrace(pod, cfg.AppStopTime.Duration); err != nil {
+		return o, err
+	}
 	if v, ok := a[annBrokerPorts]; ok {
 		for f := range strings.SplitSeq(v, ",") {
 			n, err := strconv.ParseInt(strings.TrimSpace(f), 10, 32)
@@ -210,6 +223,30 @@ func readOptions(pod *corev1.Pod, cfg Config) (options, error) {
 		}
 	}
 	return o, nil
+}
+
+// defaultGrace is terminationGracePeriodSeconds when a pod names none:
+// the API server's default, which it has applied before admission.
+const defaultGrace = 30 * time.Second
+
+// checkGrace denies a pod whose grace period would not leave the app
+// appStop after the drain. On a pod's deletion the kubelet runs the app's
+// preStop hook, which waits for the drain; only then does it signal the
+// app, and the grace period counts all of it: a grace period no longer
+// than the drain leaves the app killed mid-stop, or the drain cut short.
+func (o options) checkGrace(pod *corev1.Pod, appStop time.Duration) error {
+	grace := defaultGrace
+	if g := pod.Spec.TerminationGracePeriodSeconds; g != nil {
+		grace = time.Duration(*g) * time.Second
+	}
+	need := o.drain + appStop
+	if grace >= need {
+		return nil
+	}
+	return &Denial{annDrain,
+		fmt.Sprintf("terminationGracePeriodSeconds %d leaves the app %v to stop after the sidecar's drain (shutdown.drain_timeout %v), less than the %v it needs",
+			int64(grace/time.Second), max(grace-o.drain, 0), o.drain, appStop),
+		fmt.Sprintf("set terminationGracePeriodSeconds to at least %d, or a shorter drain with this annotation", int64((need+time.Second-1)/time.Second))}
 }
 
 func (o *options) requests() corev1.ResourceList {
@@ -267,6 +304,9 @@ func (o options) container(cfg Config, drainToken string) corev1.Container {
 		// its consumer.
 		{Name: "HANDOFF_HTTP_DRAIN", Value: "true"},
 		{Name: envDrainToken, Value: drainToken},
+		// The drain the grace period was checked against, whatever the
+		// ConfigMap says.
+		{Name: "HANDOFF_DRAIN_TIMEOUT", Value: o.drain.String()},
 	}
 	if o.tokenSecret != "" {
 		env = append(env, corev1.EnvVar{Name: "HANDOFF_ADMIN_TOKEN", ValueFrom: &corev1.EnvVarSource{

@@ -610,6 +610,68 @@ func TestInjectDeniesBadAnnotations(t *testing.T) {
 	}
 }
 
+// The grace period must leave the app time to stop after the drain: a pod
+// whose terminationGracePeriodSeconds is not above the drain by the
+// config's appStopTime is denied with both figures; the sidecar is told
+// the drain it was checked against.
+func TestInjectChecksGracePeriod(t *testing.T) {
+	base, _ := readPod(t, "deployment")
+	grace := func(s int64) *int64 { return &s }
+	tests := []struct {
+		name  string
+		grace *int64
+		drain string // the annotation, "" for the config's
+		want  string // the sidecar's HANDOFF_DRAIN_TIMEOUT, or "" when denied
+		msg   []string
+	}{
+		{"defaults fit the default grace", grace(30), "", "20s", nil},
+		{"no grace period named", nil, "", "20s", nil},
+		{"a drain as long as the grace", grace(30), "30s", "", []string{"terminationGracePeriodSeconds 30 leaves the app 0s to stop after the sidecar's drain (shutdown.drain_timeout 30s)", "at least 40"}},
+		{"a short grace", grace(15), "", "", []string{"terminationGracePeriodSeconds 15", "shutdown.drain_timeout 20s", "at least 30"}},
+		{"a long drain, a long grace", grace(90), "1m", "1m0s", nil},
+		{"a long drain, the default grace", grace(30), "1m", "", []string{"leaves the app 0s", "at least 70"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := base.DeepCopy()
+			pod.Spec.TerminationGracePeriodSeconds = tc.grace
+			if tc.drain != "" {
+				pod.Annotations[annDrain] = tc.drain
+			}
+			out, err := injectPod(t, pod, testConfig())
+			if tc.want == "" {
+				var d *Denial
+				if !errors.As(err, &d) || d.Annotation != annDrain {
+					t.Fatalf("err = %v, want a denial naming %s", err, annDrain)
+				}
+				for _, m := range tc.msg {
+					if !strings.Contains(err.Error(), m) {
+						t.Errorf("denial %q does not say %q", err, m)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if e := env(find(t, out.Spec.InitContainers, containerName), "HANDOFF_DRAIN_TIMEOUT"); e == nil || e.Value != tc.want {
+				t.Errorf("HANDOFF_DRAIN_TIMEOUT = %+v, want %s", e, tc.want)
+			}
+			if !reflect.DeepEqual(out.Spec.TerminationGracePeriodSeconds, tc.grace) {
+				t.Errorf("grace period %v, want it left as it was", out.Spec.TerminationGracePeriodSeconds)
+			}
+		})
+	}
+	for _, v := range []string{"soon", "0s", "500ms", "2h", "-1m"} {
+		pod := base.DeepCopy()
+		pod.Annotations[annDrain] = v
+		var d *Denial
+		if _, err := injectPod(t, pod, testConfig()); !errors.As(err, &d) || d.Annotation != annDrain || !strings.Contains(d.Problem, "not a duration") {
+			t.Errorf("%s %q: err = %v, want a denial naming it", annDrain, v, err)
+		}
+	}
+}
+
 // Injecting twice is injecting once: the second call, as a reinvocation
 // would make it, returns no patch.
 func TestInjectIsIdempotent(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 const envYAML = `
@@ -153,4 +154,21 @@ func TestDrainToken(t *testing.T) {
 			}
 		})
 	}
+}
+
+// HANDOFF_DRAIN_TIMEOUT is how the injector makes the drain fit the pod's
+// grace period: it replaces the file's shutdown.drain_timeout, and a value
+// that is not a duration is refused naming it.
+func TestDrainTimeoutFromEnv(t *testing.T) {
+	cfg, err := loadEnv(t, envYAML+"shutdown: {drain_timeout: 45s}\n", map[string]string{"HANDOFF_DRAIN_TIMEOUT": "20s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Shutdown.DrainTimeout.D() != 20*time.Second {
+		t.Errorf("drain timeout %v, want the variable's 20s", cfg.Shutdown.DrainTimeout.D())
+	}
+	_, err = loadEnv(t, envYAML, map[string]string{"HANDOFF_DRAIN_TIMEOUT": "20"})
+	wantProblem(t, err, `shutdown.drain_timeout: want a duration such as 20s, got "20" (set by HANDOFF_DRAIN_TIMEOUT)`)
+	_, err = loadEnv(t, envYAML, map[string]string{"HANDOFF_DRAIN_TIMEOUT": "-5s"})
+	wantProblem(t, err, "shutdown.drain_timeout: must not be negative (set by HANDOFF_DRAIN_TIMEOUT)")
 }
