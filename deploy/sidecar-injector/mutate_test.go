@@ -357,8 +357,11 @@ func TestInjectGolden(t *testing.T) {
 		if c.RestartPolicy == nil || *c.RestartPolicy != corev1.ContainerRestartPolicyAlways {
 			t.Errorf("restart policy %v, want Always (a native sidecar)", c.RestartPolicy)
 		}
-		if c.Image != "handoff/sidecar:0.1.0" || c.Resources.Limits.Memory().String() != "256Mi" {
+		if c.Image != "handoff/sidecar:0.1.0" || c.Resources.Limits.Memory().String() != "512Mi" {
 			t.Errorf("image %q, memory limit %s: want the injector's defaults", c.Image, c.Resources.Limits.Memory())
+		}
+		if e := env(c, "GOMEMLIMIT"); e == nil || e.Value != "460MiB" {
+			t.Errorf("GOMEMLIMIT = %+v, want 460MiB: nine tenths of the limit", e)
 		}
 		checkSidecar(t, out, c, 9400, 9464, "handoff.yaml")
 		if v := out.Spec.Volumes[slices.IndexFunc(out.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == "handoff-journal" })]; v.EmptyDir == nil {
@@ -405,6 +408,9 @@ func TestInjectGolden(t *testing.T) {
 			!r.Limits.Cpu().Equal(resource.MustParse("1")) || !r.Requests.Memory().Equal(resource.MustParse("96Mi")) ||
 			!r.Limits.Memory().Equal(resource.MustParse("192Mi")) {
 			t.Errorf("image %q, resources %+v: not the annotations'", c.Image, r)
+		}
+		if e := env(c, "GOMEMLIMIT"); e == nil || e.Value != "172MiB" {
+			t.Errorf("GOMEMLIMIT = %+v, want 172MiB: nine tenths of the annotation's 192Mi", e)
 		}
 		if !slices.Contains(c.Args, "debug") {
 			t.Errorf("args %v, want log level debug", c.Args)
