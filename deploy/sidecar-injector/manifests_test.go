@@ -54,7 +54,7 @@ func buildManifests(t *testing.T) built {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := writeCerts(filepath.Join(dir, "tls"), serviceNames("handoff-injector", "handoff-system"), time.Hour); err != nil {
+	if _, err := writeCerts(filepath.Join(dir, "tls"), serviceNames("handoff-injector", "handoff-system"), certOptions{validity: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	caPEM, err := os.ReadFile(filepath.Join(dir, "tls", "ca.crt"))

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"io"
 	"log/slog"
 	"net"
@@ -34,7 +35,7 @@ type injector struct {
 func startInjector(t *testing.T) *injector {
 	t.Helper()
 	dir := t.TempDir()
-	if err := writeCerts(dir, []string{"localhost", "handoff-injector.handoff-system.svc"}, time.Hour); err != nil {
+	if _, err := writeCerts(dir, []string{"localhost", "handoff-injector.handoff-system.svc"}, certOptions{validity: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -61,15 +62,32 @@ func startInjector(t *testing.T) *injector {
 	return in
 }
 
-// client trusts the CA in the injector's directory as it is now.
+// client trusts the CAs in the injector's ca.crt as it is now, as an API
+// server with it as the caBundle would.
 func (in *injector) client(t *testing.T) *http.Client {
 	t.Helper()
 	pem, err := os.ReadFile(filepath.Join(in.dir, "ca.crt"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	return trusting(t, pem)
+}
+
+// currentCA is the CA that signs what `certs` issues now, alone.
+func (in *injector) currentCA(t *testing.T) []byte {
+	t.Helper()
+	certs, err := readCertificates(filepath.Join(in.dir, "ca.crt"))
+	if err != nil || len(certs) == 0 {
+		t.Fatalf("ca.crt: %v", err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: certs[0].Raw})
+}
+
+// trusting is a client that trusts the CAs of a PEM bundle.
+func trusting(t *testing.T, bundle []byte) *http.Client {
+	t.Helper()
 	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
+	if !pool.AppendCertsFromPEM(bundle) {
 		t.Fatal("CA unreadable")
 	}
 	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
@@ -188,19 +206,19 @@ func TestWebhookOverHTTPS(t *testing.T) {
 }
 
 // A renewed certificate is served once its files change, without a
-// restart: a client that trusts only the new CA gets through, one that
-// trusts only the old one no longer does.
+// restart. A new CA (certs -rotate-ca): a client that trusts only the new
+// CA gets through once the new certificate is served, one that trusts only
+// the old one no longer does.
 func TestWebhookReloadsRotatedCertificate(t *testing.T) {
 	in := startInjector(t)
-	old := in.client(t)
+	old := trusting(t, in.currentCA(t))
 	if _, err := old.Get(in.url + "/healthz"); err != nil {
 		t.Fatalf("before the rotation: %v", err)
 	}
-	// The rotation: a new CA and certificate, written over the old files.
-	if err := writeCerts(in.dir, []string{"localhost"}, time.Hour); err != nil {
+	if _, err := writeCerts(in.dir, []string{"localhost"}, certOptions{validity: time.Hour, rotateCA: true}); err != nil {
 		t.Fatal(err)
 	}
-	fresh := in.client(t)
+	fresh := trusting(t, in.currentCA(t))
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		_, err := fresh.Get(in.url + "/healthz")
@@ -215,7 +233,7 @@ func TestWebhookReloadsRotatedCertificate(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	if _, err := old.Get(in.url + "/healthz"); err == nil {
-		t.Error("the old CA still verifies: the old certificate is still served")
+		t.Error("the old CA alone still verifies: the old certificate is still served")
 	}
 	// Half a rotation (a key that does not match the certificate) keeps
 	// the certificate that works.
