@@ -1,15 +1,11 @@
 package main
 
 import (
-	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
-	"os"
-	"sync"
-	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -22,7 +18,9 @@ const maxReview = 8 << 20
 
 // webhook answers the API server's AdmissionReviews for pods.
 type webhook struct {
-	cfg Config
+	// cfg is the injector's config of the moment: it is read again when
+	// its file changes.
+	cfg func() Config
 	log *slog.Logger
 	// newToken makes a pod's drain token; rand.Text outside tests.
 	newToken func() string
@@ -79,7 +77,7 @@ func (w *webhook) review(req *admissionv1.AdmissionRequest) *admissionv1.Admissi
 	if name == "" {
 		name = pod.GenerateName + "*"
 	}
-	patch, err := patchFor(req.Object.Raw, &pod, w.cfg, w.newToken)
+	patch, err := patchFor(req.Object.Raw, &pod, w.cfg(), w.newToken)
 	if err != nil {
 		log.Info("pod denied", "pod", name, "err", err)
 		return deny(http.StatusUnprocessableEntity, err.Error())
@@ -98,81 +96,4 @@ func (w *webhook) review(req *admissionv1.AdmissionRequest) *admissionv1.Admissi
 
 func deny(code int32, msg string) *admissionv1.AdmissionResponse {
 	return &admissionv1.AdmissionResponse{Allowed: false, Result: &metav1.Status{Status: metav1.StatusFailure, Code: code, Message: msg}}
-}
-
-// certReloader serves the certificate in certFile and keyFile, read again
-// when either file changes: a cert-manager renewal, a rotated Secret.
-type certReloader struct {
-	certFile, keyFile string
-	log               *slog.Logger
-
-	// every bounds how often the files are looked at: once per handshake
-	// would be two stats per connection.
-	every time.Duration
-
-	mu      sync.Mutex
-	cert    *tls.Certificate
-	stamp   string // the files' sizes and times when cert was read
-	checked time.Time
-}
-
-// checkEvery is certReloader.every outside tests.
-const checkEvery = time.Second
-
-func newCertReloader(certFile, keyFile string, log *slog.Logger) (*certReloader, error) {
-	r := &certReloader{certFile: certFile, keyFile: keyFile, log: log, every: checkEvery}
-	if _, err := r.get(true); err != nil {
-		return nil, err
-	}
-	return r, nil
-}
-
-func (r *certReloader) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-	return r.get(false)
-}
-
-func (r *certReloader) get(force bool) (*tls.Certificate, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if !force && time.Since(r.checked) < r.every {
-		return r.cert, nil
-	}
-	r.checked = time.Now()
-	stamp, err := fileStamp(r.certFile, r.keyFile)
-	if err != nil {
-		if r.cert != nil {
-			r.log.Warn("certificate files unreadable; serving the one loaded before", "err", err)
-			return r.cert, nil
-		}
-		return nil, err
-	}
-	if stamp == r.stamp && r.cert != nil {
-		return r.cert, nil
-	}
-	cert, err := tls.LoadX509KeyPair(r.certFile, r.keyFile)
-	if err != nil {
-		if r.cert != nil {
-			// Mid-rotation: one file written, the other not yet.
-			r.log.Warn("certificate and key do not load; serving the ones loaded before", "err", err)
-			return r.cert, nil
-		}
-		return nil, fmt.Errorf("load certificate: %w", err)
-	}
-	if r.cert != nil {
-		r.log.Info("certificate reloaded", "cert", r.certFile)
-	}
-	r.cert, r.stamp = &cert, stamp
-	return r.cert, nil
-}
-
-func fileStamp(paths ...string) (string, error) {
-	var s string
-	for _, p := range paths {
-		fi, err := os.Stat(p)
-		if err != nil {
-			return "", err
-		}
-		s += fmt.Sprintf("%s:%d:%d;", p, fi.Size(), fi.ModTime().UnixNano())
-	}
-	return s, nil
 }

@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -34,6 +35,13 @@ type injector struct {
 
 func startInjector(t *testing.T) *injector {
 	t.Helper()
+	return startInjectorWith(t, testConfig)
+}
+
+// startInjectorWith is startInjector with the config cfg returns at each
+// review.
+func startInjectorWith(t *testing.T, cfg func() Config) *injector {
+	t.Helper()
 	dir := t.TempDir()
 	if _, err := writeCerts(dir, []string{"localhost", "handoff-injector.handoff-system.svc"}, certOptions{validity: time.Hour}); err != nil {
 		t.Fatal(err)
@@ -50,7 +58,7 @@ func startInjector(t *testing.T) *injector {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- serve(ctx, ln, testConfig(), certs, log) }()
+	go func() { done <- serve(ctx, ln, cfg, certs, log) }()
 	in := &injector{url: "https://localhost:" + strings.TrimPrefix(ln.Addr().String(), "127.0.0.1:"), dir: dir}
 	in.stop = func() {
 		cancel()
@@ -311,5 +319,64 @@ func TestWebhookDrainTokenPerPod(t *testing.T) {
 	}
 	if len(tokens) != 3 {
 		t.Errorf("three pods, %d distinct drain tokens", len(tokens))
+	}
+}
+
+// The injector's config is read again when its file changes, as the
+// kubelet updates a ConfigMap's volume: the next pod gets the new image
+// without a restart. A config that does not load keeps the one before.
+func TestWebhookReloadsConfig(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "config.yaml")
+	write := func(content string) {
+		t.Helper()
+		// As the kubelet does: a new file renamed over the old.
+		tmp := filepath.Join(dir, ".config.yaml.tmp")
+		if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("image: registry.example/handoff/sidecar:1.0.0\n")
+	var logs syncBuffer
+	cfgs, err := newConfigReloader(path, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgs.every = 0
+	in := startInjectorWith(t, cfgs.get)
+	c := in.client(t)
+	_, raw := readPod(t, "plain")
+	image := func() string {
+		t.Helper()
+		resp := in.review(t, c, raw)
+		var pod corev1.Pod
+		if err := strictJSON(applyPatch(t, raw, resp.Patch), &pod); err != nil {
+			t.Fatal(err)
+		}
+		return find(t, pod.Spec.InitContainers, containerName).Image
+	}
+	if got := image(); got != "registry.example/handoff/sidecar:1.0.0" {
+		t.Fatalf("image %q, want the config's", got)
+	}
+	write("image: registry.example/handoff/sidecar:1.1.0\nlogLevel: debug\n")
+	deadline := time.Now().Add(30 * time.Second)
+	for image() != "registry.example/handoff/sidecar:1.1.0" {
+		if time.Now().After(deadline) {
+			t.Fatal("the changed config was not used within 30s")
+		}
+		// The file's time may equal the old one within the clock's step.
+		time.Sleep(20 * time.Millisecond)
+		write(fmt.Sprintf("image: registry.example/handoff/sidecar:1.1.0\nlogLevel: debug\n# %d\n", time.Now().UnixNano()))
+	}
+	write("image: registry.example/handoff/sidecar:2.0.0\nno-such-key: 1\n")
+	waitUntil(t, 30*time.Second, "the bad config's warning", func() bool {
+		_ = image()
+		return strings.Contains(logs.String(), "config does not load")
+	}, &logs)
+	if got := image(); got != "registry.example/handoff/sidecar:1.1.0" {
+		t.Errorf("image %q after a bad config, want the one before kept", got)
 	}
 }
