@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -191,8 +192,16 @@ var healthLine = regexp.MustCompile(`"msg":"health endpoints listening","addr":"
 // lines) and waits for its health server.
 func startBinary(t *testing.T, bin, cfgPath string) *runningBinary {
 	t.Helper()
+	return startBinaryEnv(t, bin, cfgPath)
+}
+
+// startBinaryEnv is startBinary with env ("NAME=value") added to the
+// test's environment.
+func startBinaryEnv(t *testing.T, bin, cfgPath string, env ...string) *runningBinary {
+	t.Helper()
 	r := &runningBinary{log: &lockedBuffer{}}
 	r.cmd = exec.Command(bin, "run", "--config", cfgPath, "--log-level", "debug")
+	r.cmd.Env = append(os.Environ(), env...)
 	r.cmd.Stderr = r.log
 	if err := r.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -321,7 +321,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 	g, run := errgroup.WithContext(ctx)
 	// Not ready is the first step of a stop: the moment run ends, before
 	// intake stops, so that no new traffic is routed to a sidecar going away.
-	checks = append([]telemetry.Check{{Name: "sidecar", Ready: func() error {
+	checks = append([]telemetry.Check{{Name: "sidecar", Own: true, Ready: func() error {
 		if run.Err() != nil {
 			return errors.New("shutting down")
 		}
@@ -359,7 +359,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 			return err
 		}
 		if cfg.Shutdown.HTTPDrain {
-			hs.HandleDrain(func(req context.Context) error {
+			hs.HandleDrain(cfg.Shutdown.DrainToken, func(req context.Context) error {
 				requestDrain()
 				select {
 				case <-drained:

@@ -3,13 +3,14 @@
 // from a ConfigMap, its journal on a volume, and its probes. It shares
 // nothing with the sidecar but the image name it injects.
 //
-//	sidecar-injector -config /etc/handoff-injector/config.yaml \
+//	sidecar-injector -config /etc/handoff-injector/config/config.yaml \
 //	    -tls-cert /etc/handoff-injector/tls/tls.crt -tls-key /etc/handoff-injector/tls/tls.key
 //	sidecar-injector certs -out deploy/sidecar-injector/manifests/tls
 package main
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"errors"
 	"flag"
@@ -39,14 +40,14 @@ func main() {
 func run(args []string) error {
 	fs := flag.NewFlagSet("sidecar-injector", flag.ContinueOnError)
 	listen := fs.String("listen", ":8443", "HTTPS address the API server calls")
-	cfgPath := fs.String("config", "/etc/handoff-injector/config.yaml", "the injector's config: the sidecar's image and defaults")
+	cfgPath := fs.String("config", "/etc/handoff-injector/config/config.yaml", "the injector's config: the sidecar's image and defaults, reloaded when it changes")
 	certFile := fs.String("tls-cert", "/etc/handoff-injector/tls/tls.crt", "serving certificate (PEM), reloaded when it changes")
 	keyFile := fs.String("tls-key", "/etc/handoff-injector/tls/tls.key", "its private key (PEM)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	cfg, err := loadConfig(*cfgPath)
+	cfg, err := newConfigReloader(*cfgPath, log)
 	if err != nil {
 		return err
 	}
@@ -60,13 +61,14 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	return serve(ctx, ln, cfg, certs, log)
+	return serve(ctx, ln, cfg.get, certs, log)
 }
 
 // serve answers on ln over TLS until ctx is done, then lets requests in
 // flight finish.
-func serve(ctx context.Context, ln net.Listener, cfg Config, certs *certReloader, log *slog.Logger) error {
-	wh := &webhook{cfg: cfg, log: log}
+func serve(ctx context.Context, ln net.Listener, cfg func() Config, certs *certReloader, log *slog.Logger) error {
+	// 128 random bits a pod: the drain token guards one pod's /drain.
+	wh := &webhook{cfg: cfg, log: log, newToken: rand.Text}
 	srv := &http.Server{
 		Handler:           wh.routes(),
 		TLSConfig:         &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: certs.GetCertificate},
@@ -77,7 +79,7 @@ func serve(ctx context.Context, ln net.Listener, cfg Config, certs *certReloader
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ServeTLS(ln, "", "") }()
-	log.Info("sidecar injector serving", "addr", ln.Addr().String(), "image", cfg.Image, "native_sidecar", cfg.NativeSidecar)
+	log.Info("sidecar injector serving", "addr", ln.Addr().String(), "image", cfg().Image, "native_sidecar", cfg().NativeSidecar)
 	select {
 	case err := <-errc:
 		return err

@@ -54,7 +54,7 @@ func buildManifests(t *testing.T) built {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := writeCerts(filepath.Join(dir, "tls"), serviceNames("handoff-injector", "handoff-system"), time.Hour); err != nil {
+	if _, err := writeCerts(filepath.Join(dir, "tls"), serviceNames("handoff-injector", "handoff-system"), certOptions{validity: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	caPEM, err := os.ReadFile(filepath.Join(dir, "tls", "ca.crt"))
@@ -167,6 +167,23 @@ func TestManifestsBuild(t *testing.T) {
 	if tlsVol != secret.Name {
 		t.Errorf("the Deployment mounts Secret %q, not %q", tlsVol, secret.Name)
 	}
+	// A subPath mount never sees a change of its ConfigMap or Secret: the
+	// injector's reloads would reload nothing.
+	for _, c := range dep.Spec.Template.Spec.Containers {
+		for _, m := range c.VolumeMounts {
+			if m.SubPath != "" || m.SubPathExpr != "" {
+				t.Errorf("container %s mounts %s with a subPath: changes to it never reach the pod", c.Name, m.Name)
+			}
+		}
+		for _, a := range c.Args {
+			for _, flag := range []string{"-config=", "-tls-cert=", "-tls-key="} {
+				p, ok := strings.CutPrefix(a, flag)
+				if ok && !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return strings.HasPrefix(p, m.MountPath+"/") }) {
+					t.Errorf("%s%s is on no volume the container mounts", flag, p)
+				}
+			}
+		}
+	}
 	get[*corev1.ServiceAccount](t, b, "ServiceAccount/handoff-system/"+dep.Spec.Template.Spec.ServiceAccountName)
 	pdb := get[*policyv1.PodDisruptionBudget](t, b, "PodDisruptionBudget/handoff-system/handoff-injector")
 	if pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.IntValue() < 1 || *dep.Spec.Replicas <= int32(pdb.Spec.MinAvailable.IntValue()) {
@@ -192,7 +209,7 @@ func TestManifestsBuild(t *testing.T) {
 	sts := get[*appsv1.StatefulSet](t, b, "StatefulSet/shop/orders")
 	pod := &corev1.Pod{ObjectMeta: sts.Spec.Template.ObjectMeta, Spec: sts.Spec.Template.Spec}
 	pod.Name = "orders-0"
-	out, err := inject(pod, cfg)
+	out, err := injectPod(t, pod, cfg)
 	if err != nil {
 		t.Fatalf("the example's pod is not injected: %v", err)
 	}

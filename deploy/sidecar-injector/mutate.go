@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -30,6 +31,7 @@ const (
 	annLogLevel     = "handoff.dev/log-level"
 	annJournalClaim = "handoff.dev/journal-claim"
 	annBrokerPorts  = "handoff.dev/exclude-outbound-ports"
+	annDrain        = "handoff.dev/drain-timeout"
 	// annStatus marks a pod this injector changed: seeing it, a second
 	// call (a reinvocation, a retried request) changes nothing.
 	annStatus = "handoff.dev/status"
@@ -50,6 +52,10 @@ const (
 	tokenSecretKey       = "token"
 	defaultConfigKey     = "handoff.yaml"
 	envAdminAddr         = "HANDOFF_ADMIN_ADDR"
+	// envDrainToken is the pod's drain token, in the sidecar's environment
+	// (where /drain requires it) and in an app container's with a preStop
+	// hook of its own.
+	envDrainToken = "HANDOFF_DRAIN_TOKEN"
 )
 
 // Denial is a pod refused: the annotation at fault and how to fix it.
@@ -65,12 +71,31 @@ func (d *Denial) Error() string {
 
 // wants reports whether the pod asks for injection.
 func wants(pod *corev1.Pod) bool {
-	v, ok := pod.Annotations[annInject]
-	if !ok {
-		return false
+	return pod.Annotations[annInject] == "true"
+}
+
+// boolAnnotation reads an annotation that is "true" or "false", spelt so:
+// Kubernetes' own boolean annotations are, and a "1", "True" or "yes" that
+// one tool reads as true and another as false is refused instead.
+func boolAnnotation(v string) (bool, bool) {
+	switch v {
+	case "true":
+		return true, true
+	case "false":
+		return false, true
 	}
-	b, err := strconv.ParseBool(v)
-	return err == nil && b
+	return false, false
+}
+
+// checkInject denies a pod whose inject annotation is neither true nor
+// false.
+func checkInject(pod *corev1.Pod) error {
+	if v, ok := pod.Annotations[annInject]; ok {
+		if _, ok := boolAnnotation(v); !ok {
+			return &Denial{annInject, fmt.Sprintf(`%q is not "true" or "false"`, v), `write "true" to inject the sidecar, or remove the annotation`}
+		}
+	}
+	return nil
 }
 
 // injected reports whether the pod already carries the sidecar: this
@@ -94,6 +119,7 @@ type options struct {
 	adminPort, metricsPort                int32
 	resources                             corev1.ResourceRequirements
 	excludePorts                          []int32
+	drain                                 time.Duration
 }
 
 // readOptions reads the pod's annotations over cfg. The first bad one is a
@@ -104,12 +130,10 @@ func readOptions(pod *corev1.Pod, cfg Config) (options, error) {
 		config: a[annConfig], configKey: cmp(a[annConfigKey], defaultConfigKey), tokenSecret: a[annToken],
 		claim: a[annJournalClaim], native: cfg.NativeSidecar, image: cmp(a[annImage], cfg.Image),
 		logLevel: cmp(a[annLogLevel], cfg.LogLevel), adminPort: cfg.AdminPort, metricsPort: cfg.MetricsPort,
-		resources: *cfg.Resources.DeepCopy(),
+		resources: *cfg.Resources.DeepCopy(), drain: cfg.DrainTimeout.Duration,
 	}
-	if v, ok := a[annInject]; ok {
-		if _, err := strconv.ParseBool(v); err != nil {
-			return o, &Denial{annInject, fmt.Sprintf("%q is not true or false", v), `write "true" to inject the sidecar, or remove the annotation`}
-		}
+	if err := checkInject(pod); err != nil {
+		return o, err
 	}
 	if o.config == "" {
 		return o, &Denial{annConfig, "missing: the sidecar needs its config", "name the ConfigMap that holds the sidecar's config (key " + defaultConfigKey + ", or the one handoff.dev/config-key names)"}
@@ -126,9 +150,9 @@ func readOptions(pod *corev1.Pod, cfg Config) (options, error) {
 		return o, &Denial{annConfigKey, fmt.Sprintf("%q is not a ConfigMap key: %s", o.configKey, strings.Join(errs, "; ")), "name the key of the ConfigMap that holds the config"}
 	}
 	if v, ok := a[annNative]; ok {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return o, &Denial{annNative, fmt.Sprintf("%q is not true or false", v), `write "false" to run the sidecar as a plain container (Kubernetes before 1.29), or remove the annotation`}
+		b, ok := boolAnnotation(v)
+		if !ok {
+			return o, &Denial{annNative, fmt.Sprintf(`%q is not "true" or "false"`, v), `write "false" to run the sidecar as a plain container (Kubernetes before 1.29), or remove the annotation`}
 		}
 		o.native = b
 	}
@@ -179,6 +203,16 @@ func readOptions(pod *corev1.Pod, cfg Config) (options, error) {
 			return o, &Denial{"handoff.dev/" + string(name) + "-request", fmt.Sprintf("request %s is above limit %s", req.String(), lim.String()), "lower the request or raise the limit"}
 		}
 	}
+	if v, ok := a[annDrain]; ok {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < time.Second || d > time.Hour {
+			return o, &Denial{annDrain, fmt.Sprintf("%q is not a duration from 1s to 1h", v), `write how long the drain may take, such as "20s"`}
+		}
+		o.drain = d
+	}
+	if err := o.checkGrace(pod, cfg.AppStopTime.Duration); err != nil {
+		return o, err
+	}
 	if v, ok := a[annBrokerPorts]; ok {
 		for f := range strings.SplitSeq(v, ",") {
 			n, err := strconv.ParseInt(strings.TrimSpace(f), 10, 32)
@@ -189,6 +223,30 @@ func readOptions(pod *corev1.Pod, cfg Config) (options, error) {
 		}
 	}
 	return o, nil
+}
+
+// defaultGrace is terminationGracePeriodSeconds when a pod names none:
+// the API server's default, which it has applied before admission.
+const defaultGrace = 30 * time.Second
+
+// checkGrace denies a pod whose grace period would not leave the app
+// appStop after the drain. On a pod's deletion the kubelet runs the app's
+// preStop hook, which waits for the drain; only then does it signal the
+// app, and the grace period counts all of it: a grace period no longer
+// than the drain leaves the app killed mid-stop, or the drain cut short.
+func (o options) checkGrace(pod *corev1.Pod, appStop time.Duration) error {
+	grace := defaultGrace
+	if g := pod.Spec.TerminationGracePeriodSeconds; g != nil {
+		grace = time.Duration(*g) * time.Second
+	}
+	need := o.drain + appStop
+	if grace >= need {
+		return nil
+	}
+	return &Denial{annDrain,
+		fmt.Sprintf("terminationGracePeriodSeconds %d leaves the app %v to stop after the sidecar's drain (shutdown.drain_timeout %v), less than the %v it needs",
+			int64(grace/time.Second), max(grace-o.drain, 0), o.drain, appStop),
+		fmt.Sprintf("set terminationGracePeriodSeconds to at least %d, or a shorter drain with this annotation", int64((need+time.Second-1)/time.Second))}
 }
 
 func (o *options) requests() corev1.ResourceList {
@@ -212,101 +270,6 @@ func cmp(v, def string) string {
 	return def
 }
 
-// inject returns the pod as it should run with the sidecar: the pod is not
-// changed. A pod that does not ask for it, or has it already, comes back
-// as it is.
-func inject(pod *corev1.Pod, cfg Config) (*corev1.Pod, error) {
-	out := pod.DeepCopy()
-	if !wants(pod) {
-		if _, err := readOptions(pod, cfg); err != nil {
-			// Only a bad inject annotation denies a pod that is not asking.
-			if d, ok := err.(*Denial); ok && d.Annotation == annInject {
-				return nil, err
-			}
-		}
-		return out, nil
-	}
-	if injected(pod) {
-		// Called again (reinvocationPolicy IfNeeded) after a mesh's
-		// injector added its native proxy after Handoff: move Handoff
-		// behind it. Nothing else of an injected pod changes.
-		afterMeshProxy(out)
-		return out, nil
-	}
-	o, err := readOptions(pod, cfg)
-	if err != nil {
-		return nil, err
-	}
-	c := o.container(cfg)
-	if o.native {
-		always := corev1.ContainerRestartPolicyAlways
-		c.RestartPolicy = &always
-		// First, so it starts before the app's init containers need it;
-		// then after a mesh proxy that is a native sidecar too.
-		out.Spec.InitContainers = slices.Insert(out.Spec.InitContainers, 0, c)
-		afterMeshProxy(out)
-	} else {
-		out.Spec.Containers = append(out.Spec.Containers, c)
-	}
-	// A pod of a StatefulSet whose volumeClaimTemplates name one
-	// handoff-journal has its own claim already: the journal goes there.
-	ownJournal := slices.ContainsFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == journalVolume })
-	if ownJournal && o.claim != "" {
-		return nil, &Denial{annJournalClaim, "the pod has a volume " + journalVolume + " of its own already", "remove the annotation to keep the journal on that volume, or rename the volume"}
-	}
-	out.Spec.Volumes = append(out.Spec.Volumes, o.volumes(!ownJournal)...)
-	// The app finds the admin API on localhost, and its stop waits for
-	// Handoff's drain: Kubernetes runs a container's preStop hook before
-	// it signals it, and /drain answers once intake has stopped and the
-	// calls in flight are done. A hook of the app's own is left alone.
-	addr := fmt.Sprintf("127.0.0.1:%d", o.adminPort)
-	for i := range out.Spec.Containers {
-		ct := &out.Spec.Containers[i]
-		if ct.Name == containerName || isMeshProxy(*ct) {
-			continue
-		}
-		if !slices.ContainsFunc(ct.Env, func(e corev1.EnvVar) bool { return e.Name == envAdminAddr }) {
-			ct.Env = append(ct.Env, corev1.EnvVar{Name: envAdminAddr, Value: addr})
-		}
-		if ct.Lifecycle == nil {
-			ct.Lifecycle = &corev1.Lifecycle{}
-		}
-		if ct.Lifecycle.PreStop == nil {
-			ct.Lifecycle.PreStop = &corev1.LifecycleHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/drain", Port: intstr.FromInt32(o.metricsPort)}}
-		}
-	}
-	if out.Annotations == nil {
-		out.Annotations = map[string]string{}
-	}
-	if len(o.excludePorts) > 0 {
-		for _, ann := range []string{istioExcludeOutbound, linkerdSkipOutbound} {
-			out.Annotations[ann] = mergePorts(out.Annotations[ann], o.excludePorts)
-		}
-	}
-	out.Annotations[annStatus] = "injected"
-	return out, nil
-}
-
-// afterMeshProxy moves the native Handoff sidecar right after the last
-// mesh proxy that is a native sidecar too, when it is before it: the proxy
-// is up before Handoff dials the broker through it.
-func afterMeshProxy(pod *corev1.Pod) {
-	ics := pod.Spec.InitContainers
-	at := slices.IndexFunc(ics, func(c corev1.Container) bool { return c.Name == containerName })
-	proxy := -1
-	for i, c := range ics {
-		if isMeshProxy(c) && c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
-			proxy = i
-		}
-	}
-	if at < 0 || proxy < at {
-		return
-	}
-	c := ics[at]
-	ics = slices.Delete(ics, at, at+1)
-	pod.Spec.InitContainers = slices.Insert(ics, proxy, c) // proxy moved one left
-}
-
 func isMeshProxy(c corev1.Container) bool {
 	return c.Name == istioProxyName || c.Name == linkerdProxyName
 }
@@ -328,7 +291,7 @@ func mergePorts(list string, ports []int32) string {
 }
 
 // container is the sidecar's container for the pod.
-func (o options) container(cfg Config) corev1.Container {
+func (o options) container(cfg Config, drainToken string) corev1.Container {
 	env := []corev1.EnvVar{
 		{Name: "HANDOFF_JOURNAL_PATH", Value: journalDir + "/journal.db"},
 		{Name: "HANDOFF_INSTANCE_ID", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
@@ -336,8 +299,20 @@ func (o options) container(cfg Config) corev1.Container {
 		{Name: "HANDOFF_METRICS_LISTEN", Value: fmt.Sprintf("0.0.0.0:%d", o.metricsPort)},
 		// The admin API has no TLS: it stays on the pod's loopback.
 		{Name: "HANDOFF_ADMIN_LISTEN", Value: fmt.Sprintf("127.0.0.1:%d", o.adminPort)},
-		// GET /drain, for the app containers' preStop hooks.
+		// GET /drain, for the app containers' preStop hooks, which send
+		// the token: without it, anyone who reaches the pod could stop
+		// its consumer.
 		{Name: "HANDOFF_HTTP_DRAIN", Value: "true"},
+		{Name: envDrainToken, Value: drainToken},
+		// The drain the grace period was checked against, whatever the
+		// ConfigMap says.
+		{Name: "HANDOFF_DRAIN_TIMEOUT", Value: o.drain.String()},
+	}
+	if lim, ok := o.resources.Limits[corev1.ResourceMemory]; ok {
+		// The Go runtime collects harder as the heap nears this, instead of
+		// growing to twice what is live: garbage does not take the
+		// container past its limit. A tenth is left for what is not heap.
+		env = append(env, corev1.EnvVar{Name: "GOMEMLIMIT", Value: fmt.Sprintf("%dMiB", lim.Value()*9/10>>20)})
 	}
 	if o.tokenSecret != "" {
 		env = append(env, corev1.EnvVar{Name: "HANDOFF_ADMIN_TOKEN", ValueFrom: &corev1.EnvVarSource{
@@ -367,12 +342,25 @@ func (o options) container(cfg Config) corev1.Container {
 			{Name: configVolume, MountPath: configDir, ReadOnly: true},
 			{Name: journalVolume, MountPath: journalDir},
 		},
-		StartupProbe:   probe("/readyz", 2, 60),
-		ReadinessProbe: probe("/readyz", 5, 3),
-		LivenessProbe:  probe("/healthz", 10, 3),
+		// A native sidecar's startup probe holds back the app's start:
+		// it asks only that the process serves, /drain with it, never for
+		// the app (which cannot answer before it starts) or the broker.
+		// Two minutes is for a large journal's recovery.
+		StartupProbe: probe("/startupz", 1, 120),
+		// The sidecar's readiness is part of the pod's, which a Service
+		// routes the app's traffic on: it says only that the sidecar is
+		// not stopping. A broker outage, or the app away, would take
+		// every replica out of its Service and stall a rollout, and the
+		// app serves without the broker.
+		ReadinessProbe: probe("/runningz", 5, 3),
+		// A restart mends a wedged process, never a broker or app away.
+		LivenessProbe: probe("/healthz", 10, 3),
 		SecurityContext: &corev1.SecurityContext{
 			RunAsNonRoot: &nonRoot, RunAsUser: &uid, AllowPrivilegeEscalation: &noEscalation, ReadOnlyRootFilesystem: &readOnly,
 			Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+			// Pod Security "restricted" wants it of every container whose
+			// pod does not set it for all.
+			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 		},
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 	}

@@ -1,121 +1,27 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
-	"flag"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
 
-	jsonpatch "github.com/evanphx/json-patch/v5"
-	gjsonpatch "gomodules.xyz/jsonpatch/v2"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-	"sigs.k8s.io/yaml"
 )
 
-var update = flag.Bool("update", false, "rewrite the golden patches in testdata")
+// testToken is the drain token of every pod the tests inject: golden
+// patches need one that does not change.
+func testToken() string { return "TESTDRAINTOKEN23456789ABCD" }
 
 func testConfig() Config {
 	cfg := defaultConfig()
 	cfg.Image = "handoff/sidecar:0.1.0"
 	return cfg
-}
-
-// readPod reads testdata/name.yaml, and returns it as JSON too, as the API
-// server would send it.
-func readPod(t *testing.T, name string) (*corev1.Pod, []byte) {
-	t.Helper()
-	y, err := os.ReadFile(filepath.Join("testdata", name+".yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := yaml.YAMLToJSON(y)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var pod corev1.Pod
-	if err := strictJSON(raw, &pod); err != nil {
-		t.Fatalf("%s: %v", name, err)
-	}
-	return &pod, raw
-}
-
-func strictJSON(data []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	return dec.Decode(v)
-}
-
-// applyGolden computes the pod's patch, compares it with the golden file
-// (rewritten with -update), applies it to the pod's JSON and decodes the
-// result strictly.
-func applyGolden(t *testing.T, name string) (*corev1.Pod, *corev1.Pod, []byte) {
-	t.Helper()
-	pod, raw := readPod(t, name)
-	ops, err := patchFor(raw, pod, testConfig())
-	if err != nil {
-		t.Fatalf("%s: %v", name, err)
-	}
-	patch, err := json.Marshal(ops)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(ops) == 0 {
-		patch = []byte("[]")
-	}
-	// The operations' order varies between runs (a diff walks maps), and
-	// none depends on another's: the golden file holds them sorted.
-	sorted := sortedOps(t, ops)
-	golden := filepath.Join("testdata", name+".patch.json")
-	if *update {
-		if err := os.WriteFile(golden, sorted, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatalf("%v (run go test -update to write it)", err)
-	}
-	if !bytes.Equal(sorted, want) {
-		t.Errorf("%s: patch differs from %s:\n%s", name, golden, sorted)
-	}
-	p, err := jsonpatch.DecodePatch(patch)
-	if err != nil {
-		t.Fatalf("%s: patch does not decode: %v", name, err)
-	}
-	// Applied to the pod as the API server sent it, not as re-encoded here.
-	doc, err := p.Apply(raw)
-	if err != nil {
-		t.Fatalf("%s: patch does not apply: %v", name, err)
-	}
-	var out corev1.Pod
-	if err := strictJSON(doc, &out); err != nil {
-		t.Fatalf("%s: patched pod does not decode strictly: %v", name, err)
-	}
-	return pod, &out, patch
-}
-
-// sortedOps is the operations, indented, in the order of their encodings.
-func sortedOps(t *testing.T, ops []gjsonpatch.Operation) []byte {
-	t.Helper()
-	enc := make([]string, len(ops))
-	for i, op := range ops {
-		b, err := json.MarshalIndent(op, "  ", "  ")
-		if err != nil {
-			t.Fatal(err)
-		}
-		enc[i] = "  " + string(b)
-	}
-	slices.Sort(enc)
-	if len(enc) == 0 {
-		return []byte("[]\n")
-	}
-	return []byte("[\n" + strings.Join(enc, ",\n") + "\n]\n")
 }
 
 func names(cs []corev1.Container) []string {
@@ -156,7 +62,7 @@ func checkSidecar(t *testing.T, pod *corev1.Pod, c corev1.Container, adminPort, 
 		name string
 		pr   *corev1.Probe
 		path string
-	}{{"startup", c.StartupProbe, "/readyz"}, {"readiness", c.ReadinessProbe, "/readyz"}, {"liveness", c.LivenessProbe, "/healthz"}} {
+	}{{"startup", c.StartupProbe, "/startupz"}, {"readiness", c.ReadinessProbe, "/runningz"}, {"liveness", c.LivenessProbe, "/healthz"}} {
 		if p.pr == nil || p.pr.HTTPGet == nil || p.pr.HTTPGet.Path != p.path || p.pr.HTTPGet.Port.StrVal != "handoff-metrics" {
 			t.Errorf("%s probe = %+v, want GET %s on handoff-metrics", p.name, p.pr, p.path)
 		}
@@ -172,6 +78,12 @@ func checkSidecar(t *testing.T, pod *corev1.Pod, c corev1.Container, adminPort, 
 	}
 	if e := env(c, "HANDOFF_HTTP_DRAIN"); e == nil || e.Value != "true" {
 		t.Errorf("HANDOFF_HTTP_DRAIN = %+v, want true", e)
+	}
+	var drainToken string
+	if e := env(c, envDrainToken); e == nil || len(e.Value) < 16 {
+		t.Errorf("%s = %+v, want a token of 16 bytes or more", envDrainToken, e)
+	} else {
+		drainToken = e.Value
 	}
 	if e := env(c, "HANDOFF_ADMIN_LISTEN"); e == nil || !strings.HasPrefix(e.Value, "127.0.0.1:") {
 		t.Errorf("HANDOFF_ADMIN_LISTEN = %+v, want the pod's loopback", e)
@@ -200,6 +112,12 @@ func checkSidecar(t *testing.T, pod *corev1.Pod, c corev1.Container, adminPort, 
 	if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
 		t.Errorf("security context %+v, want non-root with a read-only root", sc)
 	}
+	// What Pod Security "restricted" requires of a container.
+	if sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+		sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) != 0 ||
+		sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("security context %+v, want what Pod Security restricted requires: no escalation, ALL dropped, seccomp RuntimeDefault", sc)
+	}
 	want := "127.0.0.1:" + itoa(adminPort)
 	for _, app := range pod.Spec.Containers {
 		if app.Name == containerName || isMeshProxy(app) {
@@ -212,6 +130,13 @@ func checkSidecar(t *testing.T, pod *corev1.Pod, c corev1.Container, adminPort, 
 			t.Errorf("app container %s has no preStop hook", app.Name)
 		} else if g := l.PreStop.HTTPGet; g != nil && (g.Path != "/drain" || g.Port.IntValue() != int(metricsPort)) {
 			t.Errorf("app container %s: preStop %+v, want GET /drain on %d", app.Name, g, metricsPort)
+		} else if g != nil && (len(g.HTTPHeaders) != 1 || g.HTTPHeaders[0].Name != "Authorization" || g.HTTPHeaders[0].Value != "Bearer "+drainToken) {
+			t.Errorf("app container %s: preStop headers %+v, want the sidecar's drain token as a bearer token", app.Name, g.HTTPHeaders)
+		} else if g == nil {
+			// A hook of the app's own sends the token itself.
+			if e := env(app, envDrainToken); e == nil || e.Value != drainToken {
+				t.Errorf("app container %s with a hook of its own: %s = %+v, want the drain token", app.Name, envDrainToken, e)
+			}
 		}
 	}
 	if pod.Annotations[annStatus] != "injected" {
@@ -231,8 +156,11 @@ func TestInjectGolden(t *testing.T) {
 		if c.RestartPolicy == nil || *c.RestartPolicy != corev1.ContainerRestartPolicyAlways {
 			t.Errorf("restart policy %v, want Always (a native sidecar)", c.RestartPolicy)
 		}
-		if c.Image != "handoff/sidecar:0.1.0" || c.Resources.Limits.Memory().String() != "256Mi" {
+		if c.Image != "handoff/sidecar:0.1.0" || c.Resources.Limits.Memory().String() != "512Mi" {
 			t.Errorf("image %q, memory limit %s: want the injector's defaults", c.Image, c.Resources.Limits.Memory())
+		}
+		if e := env(c, "GOMEMLIMIT"); e == nil || e.Value != "460MiB" {
+			t.Errorf("GOMEMLIMIT = %+v, want 460MiB: nine tenths of the limit", e)
 		}
 		checkSidecar(t, out, c, 9400, 9464, "handoff.yaml")
 		if v := out.Spec.Volumes[slices.IndexFunc(out.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == "handoff-journal" })]; v.EmptyDir == nil {
@@ -279,6 +207,9 @@ func TestInjectGolden(t *testing.T) {
 			!r.Limits.Cpu().Equal(resource.MustParse("1")) || !r.Requests.Memory().Equal(resource.MustParse("96Mi")) ||
 			!r.Limits.Memory().Equal(resource.MustParse("192Mi")) {
 			t.Errorf("image %q, resources %+v: not the annotations'", c.Image, r)
+		}
+		if e := env(c, "GOMEMLIMIT"); e == nil || e.Value != "172MiB" {
+			t.Errorf("GOMEMLIMIT = %+v, want 172MiB: nine tenths of the annotation's 192Mi", e)
 		}
 		if !slices.Contains(c.Args, "debug") {
 			t.Errorf("args %v, want log level debug", c.Args)
@@ -356,6 +287,55 @@ func TestInjectGolden(t *testing.T) {
 		}
 		checkSidecar(t, out, find(t, out.Spec.InitContainers, "handoff"), 9400, 9464, "handoff.yaml")
 	})
+	// Pods as controllers make them: no name yet, the API server's
+	// defaults, the token volume. The patch adds to what is there (the
+	// volumes, the container's mounts) and names nothing.
+	for _, tc := range []struct{ name, generateName, app string }{
+		{"deployment", "orders-7c9d8b6f4-", "app"},
+		{"job", "reindex-orders-", "reindex"},
+		{"daemonset", "node-events-", "agent"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in, out, _ := applyGolden(t, tc.name)
+			if out.Name != "" || out.GenerateName != tc.generateName {
+				t.Errorf("name %q, generateName %q: want no name, generateName %q", out.Name, out.GenerateName, tc.generateName)
+			}
+			checkSidecar(t, out, find(t, out.Spec.InitContainers, "handoff"), 9400, 9464, "handoff.yaml")
+			if got := len(out.Spec.Volumes); got != len(in.Spec.Volumes)+2 || out.Spec.Volumes[0].Name != in.Spec.Volumes[0].Name {
+				t.Errorf("volumes %+v: want the token volume first, then the sidecar's two", out.Spec.Volumes)
+			}
+			app := find(t, out.Spec.Containers, tc.app)
+			if len(app.VolumeMounts) != 1 || app.TerminationMessagePath != "/dev/termination-log" {
+				t.Errorf("the app's mounts or defaults changed: %+v", app)
+			}
+			if len(out.OwnerReferences) != 1 || len(out.Spec.Tolerations) != len(in.Spec.Tolerations) || out.Spec.SchedulerName != "default-scheduler" {
+				t.Errorf("owner %+v, tolerations %d, scheduler %q: the pod's own changed", out.OwnerReferences, len(out.Spec.Tolerations), out.Spec.SchedulerName)
+			}
+		})
+	}
+	t.Run("fields the injector does not know", func(t *testing.T) {
+		_, _, patch := applyGolden(t, "future-fields")
+		_, raw := readPod(t, "future-fields")
+		var doc struct {
+			Metadata map[string]any `json:"metadata"`
+			Spec     struct {
+				FutureField map[string]any   `json:"futureField"`
+				Containers  []map[string]any `json:"containers"`
+			} `json:"spec"`
+		}
+		if err := json.Unmarshal(applyPatch(t, raw, patch), &doc); err != nil {
+			t.Fatal(err)
+		}
+		if doc.Spec.FutureField["mode"] != "Strict" || len(doc.Spec.Containers) != 1 || doc.Spec.Containers[0]["unknownContainerField"] == nil {
+			t.Errorf("spec %+v: the unknown fields are gone", doc.Spec)
+		}
+		if env, _ := doc.Spec.Containers[0]["env"].([]any); len(env) != 2 || env[0].(map[string]any)["futureEnvField"] != "x" {
+			t.Errorf("env %v: want LOG_LEVEL with its unknown field, then %s", env, envAdminAddr)
+		}
+		if _, ok := doc.Metadata["name"]; ok {
+			t.Errorf("metadata %v: a name was written", doc.Metadata)
+		}
+	})
 	t.Run("not asking", func(t *testing.T) {
 		_, _, patch := applyGolden(t, "not-asking")
 		if string(patch) != "[]" {
@@ -368,7 +348,7 @@ func TestInjectGolden(t *testing.T) {
 // so does each other kind of bad value.
 func TestInjectDeniesBadAnnotations(t *testing.T) {
 	pod, raw := readPod(t, "bad-annotation")
-	_, err := patchFor(raw, pod, testConfig())
+	_, err := patchFor(raw, pod, testConfig(), testToken)
 	var d *Denial
 	if !errors.As(err, &d) || d.Annotation != annMemLimit {
 		t.Fatalf("err = %v, want a denial naming %s", err, annMemLimit)
@@ -384,38 +364,116 @@ func TestInjectDeniesBadAnnotations(t *testing.T) {
 		t.Errorf("denial %q, want %s (%v)", err, golden, rerr)
 	}
 	base, _ := readPod(t, "plain")
-	for ann, val := range map[string]string{
-		annInject:       "yes please",
-		annNative:       "maybe",
-		annLogLevel:     "loud",
-		annAdminPort:    "70000",
-		annMetricsPort:  "9400",
-		annCPURequest:   "-1",
-		annBrokerPorts:  "5672,amqp",
-		annJournalClaim: "Not_A_Name",
-		annConfigKey:    "a/b",
+	for _, tc := range []struct{ ann, val string }{
+		{annInject, "yes please"},
+		{annInject, "1"},
+		{annInject, "True"},
+		{annInject, "TRUE"},
+		{annInject, "t"},
+		{annNative, "maybe"},
+		{annNative, "0"},
+		{annLogLevel, "loud"},
+		{annAdminPort, "70000"},
+		{annMetricsPort, "9400"},
+		{annCPURequest, "-1"},
+		{annBrokerPorts, "5672,amqp"},
+		{annJournalClaim, "Not_A_Name"},
+		{annConfigKey, "a/b"},
 	} {
 		pod := base.DeepCopy()
-		pod.Annotations[ann] = val
-		_, err := inject(pod, testConfig())
-		if !errors.As(err, &d) || d.Annotation != ann || d.Fix == "" {
-			t.Errorf("%s: %q: err = %v, want a denial naming it with a fix", ann, val, err)
+		pod.Annotations[tc.ann] = tc.val
+		_, err := injectPod(t, pod, testConfig())
+		if !errors.As(err, &d) || d.Annotation != tc.ann || d.Fix == "" || !strings.Contains(err.Error(), tc.ann) {
+			t.Errorf("%s: %q: err = %v, want a denial naming it with a fix", tc.ann, tc.val, err)
 		}
+	}
+	// A pod that does not ask is denied for an inject annotation that is
+	// neither, and passes with "false".
+	pod = base.DeepCopy()
+	pod.Annotations[annInject] = "False"
+	if _, err := injectPod(t, pod, testConfig()); !errors.As(err, &d) || d.Annotation != annInject {
+		t.Errorf(`inject "False": err = %v, want a denial naming %s`, err, annInject)
+	}
+	pod.Annotations[annInject] = "false"
+	if out, err := injectPod(t, pod, testConfig()); err != nil || len(out.Spec.InitContainers) != 0 {
+		t.Errorf(`inject "false": %v, init containers %v; want the pod unchanged`, err, out)
 	}
 	pod, _ = readPod(t, "statefulset-claim")
 	pod.Annotations[annJournalClaim] = "another-claim"
-	if _, err := inject(pod, testConfig()); !errors.As(err, &d) || d.Annotation != annJournalClaim {
+	if _, err := injectPod(t, pod, testConfig()); !errors.As(err, &d) || d.Annotation != annJournalClaim {
 		t.Errorf("a claim named beside the pod's own journal volume: err = %v, want a denial naming %s", err, annJournalClaim)
 	}
 	pod = base.DeepCopy()
 	delete(pod.Annotations, annConfig)
-	if _, err := inject(pod, testConfig()); !errors.As(err, &d) || d.Annotation != annConfig {
+	if _, err := injectPod(t, pod, testConfig()); !errors.As(err, &d) || d.Annotation != annConfig {
 		t.Errorf("no config: err = %v, want a denial naming %s", err, annConfig)
 	}
 	pod = base.DeepCopy()
 	pod.Annotations[annCPURequest], pod.Annotations[annCPULimit] = "2", "500m"
-	if _, err := inject(pod, testConfig()); !errors.As(err, &d) || !strings.Contains(d.Problem, "above limit") {
+	if _, err := injectPod(t, pod, testConfig()); !errors.As(err, &d) || !strings.Contains(d.Problem, "above limit") {
 		t.Errorf("request above limit: err = %v", err)
+	}
+}
+
+// The grace period must leave the app time to stop after the drain: a pod
+// whose terminationGracePeriodSeconds is not above the drain by the
+// config's appStopTime is denied with both figures; the sidecar is told
+// the drain it was checked against.
+func TestInjectChecksGracePeriod(t *testing.T) {
+	base, _ := readPod(t, "deployment")
+	grace := func(s int64) *int64 { return &s }
+	tests := []struct {
+		name  string
+		grace *int64
+		drain string // the annotation, "" for the config's
+		want  string // the sidecar's HANDOFF_DRAIN_TIMEOUT, or "" when denied
+		msg   []string
+	}{
+		{"defaults fit the default grace", grace(30), "", "20s", nil},
+		{"no grace period named", nil, "", "20s", nil},
+		{"a drain as long as the grace", grace(30), "30s", "", []string{"terminationGracePeriodSeconds 30 leaves the app 0s to stop after the sidecar's drain (shutdown.drain_timeout 30s)", "at least 40"}},
+		{"a short grace", grace(15), "", "", []string{"terminationGracePeriodSeconds 15", "shutdown.drain_timeout 20s", "at least 30"}},
+		{"a long drain, a long grace", grace(90), "1m", "1m0s", nil},
+		{"a long drain, the default grace", grace(30), "1m", "", []string{"leaves the app 0s", "at least 70"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := base.DeepCopy()
+			pod.Spec.TerminationGracePeriodSeconds = tc.grace
+			if tc.drain != "" {
+				pod.Annotations[annDrain] = tc.drain
+			}
+			out, err := injectPod(t, pod, testConfig())
+			if tc.want == "" {
+				var d *Denial
+				if !errors.As(err, &d) || d.Annotation != annDrain {
+					t.Fatalf("err = %v, want a denial naming %s", err, annDrain)
+				}
+				for _, m := range tc.msg {
+					if !strings.Contains(err.Error(), m) {
+						t.Errorf("denial %q does not say %q", err, m)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if e := env(find(t, out.Spec.InitContainers, containerName), "HANDOFF_DRAIN_TIMEOUT"); e == nil || e.Value != tc.want {
+				t.Errorf("HANDOFF_DRAIN_TIMEOUT = %+v, want %s", e, tc.want)
+			}
+			if !reflect.DeepEqual(out.Spec.TerminationGracePeriodSeconds, tc.grace) {
+				t.Errorf("grace period %v, want it left as it was", out.Spec.TerminationGracePeriodSeconds)
+			}
+		})
+	}
+	for _, v := range []string{"soon", "0s", "500ms", "2h", "-1m"} {
+		pod := base.DeepCopy()
+		pod.Annotations[annDrain] = v
+		var d *Denial
+		if _, err := injectPod(t, pod, testConfig()); !errors.As(err, &d) || d.Annotation != annDrain || !strings.Contains(d.Problem, "not a duration") {
+			t.Errorf("%s %q: err = %v, want a denial naming it", annDrain, v, err)
+		}
 	}
 }
 
@@ -423,7 +481,7 @@ func TestInjectDeniesBadAnnotations(t *testing.T) {
 // would make it, returns no patch.
 func TestInjectIsIdempotent(t *testing.T) {
 	pod, _ := readPod(t, "istio-native")
-	once, err := inject(pod, testConfig())
+	once, err := injectPod(t, pod, testConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -431,7 +489,7 @@ func TestInjectIsIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ops, err := patchFor(raw, once, testConfig())
+	ops, err := patchFor(raw, once, testConfig(), testToken)
 	if err != nil || len(ops) != 0 {
 		t.Errorf("second injection: %d operations, %v; want none", len(ops), err)
 	}

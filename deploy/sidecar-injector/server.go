@@ -1,18 +1,12 @@
 package main
 
 import (
-	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
-	"os"
-	"slices"
-	"sync"
-	"time"
 
-	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,8 +18,12 @@ const maxReview = 8 << 20
 
 // webhook answers the API server's AdmissionReviews for pods.
 type webhook struct {
-	cfg Config
+	// cfg is the injector's config of the moment: it is read again when
+	// its file changes.
+	cfg func() Config
 	log *slog.Logger
+	// newToken makes a pod's drain token; rand.Text outside tests.
+	newToken func() string
 }
 
 func (w *webhook) routes() *http.ServeMux {
@@ -72,18 +70,22 @@ func (w *webhook) review(req *admissionv1.AdmissionRequest) *admissionv1.Admissi
 		log.Error("pod unreadable", "err", err)
 		return deny(http.StatusBadRequest, "handoff sidecar injector: the pod could not be read: "+err.Error())
 	}
-	if pod.Name == "" {
-		pod.Name = pod.GenerateName // for the log: the API server names it later
+	// The API server names a pod of a controller only after admission, and
+	// only while its name is empty: the name is never written here, the
+	// log says generateName instead.
+	name := pod.Name
+	if name == "" {
+		name = pod.GenerateName + "*"
 	}
-	patch, err := patchFor(req.Object.Raw, &pod, w.cfg)
+	patch, err := patchFor(req.Object.Raw, &pod, w.cfg(), w.newToken)
 	if err != nil {
-		log.Info("pod denied", "pod", pod.Name, "err", err)
+		log.Info("pod denied", "pod", name, "err", err)
 		return deny(http.StatusUnprocessableEntity, err.Error())
 	}
 	if len(patch) == 0 {
 		return &admissionv1.AdmissionResponse{Allowed: true}
 	}
-	log.Info("sidecar injected", "pod", pod.Name, "operations", len(patch))
+	log.Info("sidecar injected", "pod", name, "operations", len(patch))
 	raw, err := json.Marshal(patch)
 	if err != nil {
 		return deny(http.StatusInternalServerError, err.Error())
@@ -92,108 +94,6 @@ func (w *webhook) review(req *admissionv1.AdmissionRequest) *admissionv1.Admissi
 	return &admissionv1.AdmissionResponse{Allowed: true, Patch: raw, PatchType: &pt}
 }
 
-// patchFor is the JSON patch that turns the pod (raw, as the API server
-// sent it, and pod, decoded from it) into the injected one; empty when
-// nothing changes.
-func patchFor(raw []byte, pod *corev1.Pod, cfg Config) ([]jsonpatch.Operation, error) {
-	out, err := inject(pod, cfg)
-	if err != nil {
-		return nil, err
-	}
-	mutated, err := json.Marshal(out)
-	if err != nil {
-		return nil, err
-	}
-	// A pod that does not ask, or that was injected and kept its order,
-	// has no patch: a diff against the request would only show how the
-	// request spelt what it left out.
-	if !wants(pod) || injected(pod) && slices.EqualFunc(pod.Spec.InitContainers, out.Spec.InitContainers,
-		func(a, b corev1.Container) bool { return a.Name == b.Name }) {
-		return nil, nil
-	}
-	// Against the object as the API server holds it, which the patch is
-	// applied to: a field the types write and the request left out
-	// (resources: {}) would otherwise be a path the server does not have.
-	return jsonpatch.CreatePatch(raw, mutated)
-}
-
 func deny(code int32, msg string) *admissionv1.AdmissionResponse {
 	return &admissionv1.AdmissionResponse{Allowed: false, Result: &metav1.Status{Status: metav1.StatusFailure, Code: code, Message: msg}}
-}
-
-// certReloader serves the certificate in certFile and keyFile, read again
-// when either file changes: a cert-manager renewal, a rotated Secret.
-type certReloader struct {
-	certFile, keyFile string
-	log               *slog.Logger
-
-	// every bounds how often the files are looked at: once per handshake
-	// would be two stats per connection.
-	every time.Duration
-
-	mu      sync.Mutex
-	cert    *tls.Certificate
-	stamp   string // the files' sizes and times when cert was read
-	checked time.Time
-}
-
-// checkEvery is certReloader.every outside tests.
-const checkEvery = time.Second
-
-func newCertReloader(certFile, keyFile string, log *slog.Logger) (*certReloader, error) {
-	r := &certReloader{certFile: certFile, keyFile: keyFile, log: log, every: checkEvery}
-	if _, err := r.get(true); err != nil {
-		return nil, err
-	}
-	return r, nil
-}
-
-func (r *certReloader) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-	return r.get(false)
-}
-
-func (r *certReloader) get(force bool) (*tls.Certificate, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if !force && time.Since(r.checked) < r.every {
-		return r.cert, nil
-	}
-	r.checked = time.Now()
-	stamp, err := fileStamp(r.certFile, r.keyFile)
-	if err != nil {
-		if r.cert != nil {
-			r.log.Warn("certificate files unreadable; serving the one loaded before", "err", err)
-			return r.cert, nil
-		}
-		return nil, err
-	}
-	if stamp == r.stamp && r.cert != nil {
-		return r.cert, nil
-	}
-	cert, err := tls.LoadX509KeyPair(r.certFile, r.keyFile)
-	if err != nil {
-		if r.cert != nil {
-			// Mid-rotation: one file written, the other not yet.
-			r.log.Warn("certificate and key do not load; serving the ones loaded before", "err", err)
-			return r.cert, nil
-		}
-		return nil, fmt.Errorf("load certificate: %w", err)
-	}
-	if r.cert != nil {
-		r.log.Info("certificate reloaded", "cert", r.certFile)
-	}
-	r.cert, r.stamp = &cert, stamp
-	return r.cert, nil
-}
-
-func fileStamp(paths ...string) (string, error) {
-	var s string
-	for _, p := range paths {
-		fi, err := os.Stat(p)
-		if err != nil {
-			return "", err
-		}
-		s += fmt.Sprintf("%s:%d:%d;", p, fi.Size(), fi.ModTime().UnixNano())
-	}
-	return s, nil
 }

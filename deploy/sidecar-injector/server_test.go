@@ -6,6 +6,8 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -33,8 +35,15 @@ type injector struct {
 
 func startInjector(t *testing.T) *injector {
 	t.Helper()
+	return startInjectorWith(t, testConfig)
+}
+
+// startInjectorWith is startInjector with the config cfg returns at each
+// review.
+func startInjectorWith(t *testing.T, cfg func() Config) *injector {
+	t.Helper()
 	dir := t.TempDir()
-	if err := writeCerts(dir, []string{"localhost", "handoff-injector.handoff-system.svc"}, time.Hour); err != nil {
+	if _, err := writeCerts(dir, []string{"localhost", "handoff-injector.handoff-system.svc"}, certOptions{validity: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -49,7 +58,7 @@ func startInjector(t *testing.T) *injector {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- serve(ctx, ln, testConfig(), certs, log) }()
+	go func() { done <- serve(ctx, ln, cfg, certs, log) }()
 	in := &injector{url: "https://localhost:" + strings.TrimPrefix(ln.Addr().String(), "127.0.0.1:"), dir: dir}
 	in.stop = func() {
 		cancel()
@@ -61,15 +70,32 @@ func startInjector(t *testing.T) *injector {
 	return in
 }
 
-// client trusts the CA in the injector's directory as it is now.
+// client trusts the CAs in the injector's ca.crt as it is now, as an API
+// server with it as the caBundle would.
 func (in *injector) client(t *testing.T) *http.Client {
 	t.Helper()
 	pem, err := os.ReadFile(filepath.Join(in.dir, "ca.crt"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	return trusting(t, pem)
+}
+
+// currentCA is the CA that signs what `certs` issues now, alone.
+func (in *injector) currentCA(t *testing.T) []byte {
+	t.Helper()
+	certs, err := readCertificates(filepath.Join(in.dir, "ca.crt"))
+	if err != nil || len(certs) == 0 {
+		t.Fatalf("ca.crt: %v", err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: certs[0].Raw})
+}
+
+// trusting is a client that trusts the CAs of a PEM bundle.
+func trusting(t *testing.T, bundle []byte) *http.Client {
+	t.Helper()
 	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
+	if !pool.AppendCertsFromPEM(bundle) {
 		t.Fatal("CA unreadable")
 	}
 	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
@@ -188,19 +214,19 @@ func TestWebhookOverHTTPS(t *testing.T) {
 }
 
 // A renewed certificate is served once its files change, without a
-// restart: a client that trusts only the new CA gets through, one that
-// trusts only the old one no longer does.
+// restart. A new CA (certs -rotate-ca): a client that trusts only the new
+// CA gets through once the new certificate is served, one that trusts only
+// the old one no longer does.
 func TestWebhookReloadsRotatedCertificate(t *testing.T) {
 	in := startInjector(t)
-	old := in.client(t)
+	old := trusting(t, in.currentCA(t))
 	if _, err := old.Get(in.url + "/healthz"); err != nil {
 		t.Fatalf("before the rotation: %v", err)
 	}
-	// The rotation: a new CA and certificate, written over the old files.
-	if err := writeCerts(in.dir, []string{"localhost"}, time.Hour); err != nil {
+	if _, err := writeCerts(in.dir, []string{"localhost"}, certOptions{validity: time.Hour, rotateCA: true}); err != nil {
 		t.Fatal(err)
 	}
-	fresh := in.client(t)
+	fresh := trusting(t, in.currentCA(t))
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		_, err := fresh.Get(in.url + "/healthz")
@@ -215,7 +241,7 @@ func TestWebhookReloadsRotatedCertificate(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	if _, err := old.Get(in.url + "/healthz"); err == nil {
-		t.Error("the old CA still verifies: the old certificate is still served")
+		t.Error("the old CA alone still verifies: the old certificate is still served")
 	}
 	// Half a rotation (a key that does not match the certificate) keeps
 	// the certificate that works.
@@ -224,5 +250,133 @@ func TestWebhookReloadsRotatedCertificate(t *testing.T) {
 	}
 	if _, err := fresh.Get(in.url + "/healthz"); err != nil {
 		t.Errorf("a broken key file broke the served certificate: %v", err)
+	}
+}
+
+// A pod a controller makes has generateName and no name, and the API server
+// names it after admission only while the name is empty: the patch never
+// touches the name, so every replica still gets a name of its own.
+func TestWebhookKeepsGeneratedName(t *testing.T) {
+	in := startInjector(t)
+	c := in.client(t)
+	for _, name := range []string{"deployment", "job", "daemonset"} {
+		t.Run(name, func(t *testing.T) {
+			_, raw := readPod(t, name)
+			resp := in.review(t, c, raw)
+			if !resp.Allowed || len(resp.Patch) == 0 {
+				t.Fatalf("%+v, want allowed with a patch", resp.Result)
+			}
+			var ops []struct{ Op, Path string }
+			if err := json.Unmarshal(resp.Patch, &ops); err != nil {
+				t.Fatal(err)
+			}
+			for _, op := range ops {
+				if strings.HasPrefix(op.Path, "/metadata/name") || strings.HasPrefix(op.Path, "/metadata/generateName") {
+					t.Errorf("the patch touches the name: %s %s", op.Op, op.Path)
+				}
+			}
+			p, err := jsonpatch.DecodePatch(resp.Patch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			doc, err := p.Apply(raw)
+			if err != nil {
+				t.Fatalf("the patch does not apply: %v", err)
+			}
+			var pod corev1.Pod
+			if err := strictJSON(doc, &pod); err != nil {
+				t.Fatal(err)
+			}
+			var want corev1.Pod
+			_ = json.Unmarshal(raw, &want)
+			if pod.Name != "" || pod.GenerateName != want.GenerateName {
+				t.Errorf("name %q, generateName %q: want no name and generateName %q", pod.Name, pod.GenerateName, want.GenerateName)
+			}
+		})
+	}
+}
+
+// Each pod gets a drain token of its own, random: its sidecar requires it,
+// its preStop hook sends it, and another pod's does not open this one.
+func TestWebhookDrainTokenPerPod(t *testing.T) {
+	in := startInjector(t)
+	c := in.client(t)
+	_, raw := readPod(t, "deployment")
+	tokens := map[string]bool{}
+	for range 3 {
+		resp := in.review(t, c, raw)
+		var pod corev1.Pod
+		if err := strictJSON(applyPatch(t, raw, resp.Patch), &pod); err != nil {
+			t.Fatal(err)
+		}
+		side := find(t, pod.Spec.InitContainers, containerName)
+		checkSidecar(t, &pod, side, 9400, 9464, "handoff.yaml")
+		tok := env(side, envDrainToken).Value
+		if len(tok) < 26 {
+			t.Errorf("drain token %q: want 128 random bits", tok)
+		}
+		tokens[tok] = true
+	}
+	if len(tokens) != 3 {
+		t.Errorf("three pods, %d distinct drain tokens", len(tokens))
+	}
+}
+
+// The injector's config is read again when its file changes, as the
+// kubelet updates a ConfigMap's volume: the next pod gets the new image
+// without a restart. A config that does not load keeps the one before.
+func TestWebhookReloadsConfig(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "config.yaml")
+	write := func(content string) {
+		t.Helper()
+		// As the kubelet does: a new file renamed over the old.
+		tmp := filepath.Join(dir, ".config.yaml.tmp")
+		if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("image: registry.example/handoff/sidecar:1.0.0\n")
+	var logs syncBuffer
+	cfgs, err := newConfigReloader(path, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgs.every = 0
+	in := startInjectorWith(t, cfgs.get)
+	c := in.client(t)
+	_, raw := readPod(t, "plain")
+	image := func() string {
+		t.Helper()
+		resp := in.review(t, c, raw)
+		var pod corev1.Pod
+		if err := strictJSON(applyPatch(t, raw, resp.Patch), &pod); err != nil {
+			t.Fatal(err)
+		}
+		return find(t, pod.Spec.InitContainers, containerName).Image
+	}
+	if got := image(); got != "registry.example/handoff/sidecar:1.0.0" {
+		t.Fatalf("image %q, want the config's", got)
+	}
+	write("image: registry.example/handoff/sidecar:1.1.0\nlogLevel: debug\n")
+	deadline := time.Now().Add(30 * time.Second)
+	for image() != "registry.example/handoff/sidecar:1.1.0" {
+		if time.Now().After(deadline) {
+			t.Fatal("the changed config was not used within 30s")
+		}
+		// The file's time may equal the old one within the clock's step.
+		time.Sleep(20 * time.Millisecond)
+		write(fmt.Sprintf("image: registry.example/handoff/sidecar:1.1.0\nlogLevel: debug\n# %d\n", time.Now().UnixNano()))
+	}
+	write("image: registry.example/handoff/sidecar:2.0.0\nno-such-key: 1\n")
+	waitUntil(t, 30*time.Second, "the bad config's warning", func() bool {
+		_ = image()
+		return strings.Contains(logs.String(), "config does not load")
+	}, &logs)
+	if got := image(); got != "registry.example/handoff/sidecar:1.1.0" {
+		t.Errorf("image %q after a bad config, want the one before kept", got)
 	}
 }

@@ -258,7 +258,16 @@ type Shutdown struct {
 	// preStop hook on the app's container calls it, so that the drain
 	// runs while the app still answers; the process then exits.
 	HTTPDrain bool `yaml:"http_drain"`
+	// DrainToken, from HANDOFF_DRAIN_TOKEN (never the file, which many
+	// pods share), is what GET /drain must carry as its bearer token: the
+	// sidecar injector puts one random value in the preStop hook and here.
+	// Without one, /drain is served only on a loopback metrics_listen.
+	DrainToken string `yaml:"-"`
 }
+
+// MinDrainTokenLen bounds HANDOFF_DRAIN_TOKEN from below: a token short
+// enough to guess would guard nothing.
+const MinDrainTokenLen = 16
 
 // Default returns a Config holding every default; Load decodes a file over it.
 func Default() Config {

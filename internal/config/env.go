@@ -5,6 +5,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Environment overrides are what a platform sets per pod and a config file
@@ -26,6 +27,18 @@ var envOverrides = []struct {
 	}},
 	{"HANDOFF_METRICS_LISTEN", "telemetry.metrics_listen", func(c *Config, v string) error { c.Telemetry.MetricsListen = v; return nil }},
 	{"HANDOFF_INSTANCE_ID", "sources[*].kafka.instance_id", func(c *Config, v string) error { c.setInstanceID(v); return nil }},
+	{"HANDOFF_DRAIN_TIMEOUT", "shutdown.drain_timeout", func(c *Config, v string) error {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return fmt.Errorf("want a duration such as 20s, got %q", v)
+		}
+		c.Shutdown.DrainTimeout = Duration(d)
+		return nil
+	}},
+	{"HANDOFF_DRAIN_TOKEN", "shutdown.drain_token", func(c *Config, v string) error {
+		c.Shutdown.DrainToken = strings.TrimSpace(v)
+		return nil
+	}},
 	{"HANDOFF_HTTP_DRAIN", "shutdown.http_drain", func(c *Config, v string) error {
 		b, err := strconv.ParseBool(v)
 		if err != nil {

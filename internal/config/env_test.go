@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 const envYAML = `
@@ -109,6 +110,80 @@ func TestMatchesSourcePath(t *testing.T) {
 	} {
 		if got := matchesSourcePath(path, "sources[*].kafka.instance_id"); got != want {
 			t.Errorf("%s: %v, want %v", path, got, want)
+		}
+	}
+}
+
+// GET /drain stops the sidecar: on a listener other hosts reach it needs
+// HANDOFF_DRAIN_TOKEN, on loopback it may go without; a token too short
+// to guard anything is refused, and none of the problems quote it.
+func TestDrainToken(t *testing.T) {
+	const token = "0123456789abcdef0123456789abcdef"
+	tests := []struct {
+		name string
+		env  map[string]string
+		want string // a problem, or "" for valid
+	}{
+		{"pod address without a token", map[string]string{"HANDOFF_HTTP_DRAIN": "true", "HANDOFF_METRICS_LISTEN": "0.0.0.0:9464"},
+			`shutdown.http_drain: telemetry.metrics_listen "0.0.0.0:9464" is reachable from other hosts`},
+		{"every interface without a token", map[string]string{"HANDOFF_HTTP_DRAIN": "true", "HANDOFF_METRICS_LISTEN": ":9464"},
+			`shutdown.http_drain: telemetry.metrics_listen ":9464" is reachable from other hosts`},
+		{"pod address with a token", map[string]string{"HANDOFF_HTTP_DRAIN": "true", "HANDOFF_METRICS_LISTEN": "0.0.0.0:9464", "HANDOFF_DRAIN_TOKEN": token}, ""},
+		{"loopback without a token", map[string]string{"HANDOFF_HTTP_DRAIN": "true", "HANDOFF_METRICS_LISTEN": "127.0.0.1:9464"}, ""},
+		{"localhost without a token", map[string]string{"HANDOFF_HTTP_DRAIN": "true", "HANDOFF_METRICS_LISTEN": "localhost:9464"}, ""},
+		{"no drain, any address", map[string]string{"HANDOFF_METRICS_LISTEN": "0.0.0.0:9464"}, ""},
+		{"short token", map[string]string{"HANDOFF_HTTP_DRAIN": "true", "HANDOFF_DRAIN_TOKEN": "hunter2"},
+			"shutdown.drain_token: want at least 16 bytes of printable text without spaces (a header value), got 7 bytes (set by HANDOFF_DRAIN_TOKEN)"},
+		{"token with a space", map[string]string{"HANDOFF_DRAIN_TOKEN": "0123456789 abcdef"}, "shutdown.drain_token: want at least 16"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := loadEnv(t, envYAML, tc.env)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("want valid, got %v", err)
+				}
+				if cfg.Shutdown.DrainToken != tc.env["HANDOFF_DRAIN_TOKEN"] {
+					t.Errorf("drain token %q, want the variable's", cfg.Shutdown.DrainToken)
+				}
+				return
+			}
+			wantProblem(t, err, tc.want)
+			if tok := tc.env["HANDOFF_DRAIN_TOKEN"]; tok != "" && strings.Contains(err.Error(), tok) {
+				t.Errorf("the problem quotes the token: %v", err)
+			}
+		})
+	}
+}
+
+// HANDOFF_DRAIN_TIMEOUT is how the injector makes the drain fit the pod's
+// grace period: it replaces the file's shutdown.drain_timeout, and a value
+// that is not a duration is refused naming it.
+func TestDrainTimeoutFromEnv(t *testing.T) {
+	cfg, err := loadEnv(t, envYAML+"shutdown: {drain_timeout: 45s}\n", map[string]string{"HANDOFF_DRAIN_TIMEOUT": "20s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Shutdown.DrainTimeout.D() != 20*time.Second {
+		t.Errorf("drain timeout %v, want the variable's 20s", cfg.Shutdown.DrainTimeout.D())
+	}
+	_, err = loadEnv(t, envYAML, map[string]string{"HANDOFF_DRAIN_TIMEOUT": "20"})
+	wantProblem(t, err, `shutdown.drain_timeout: want a duration such as 20s, got "20" (set by HANDOFF_DRAIN_TIMEOUT)`)
+	_, err = loadEnv(t, envYAML, map[string]string{"HANDOFF_DRAIN_TIMEOUT": "-5s"})
+	wantProblem(t, err, "shutdown.drain_timeout: must not be negative (set by HANDOFF_DRAIN_TIMEOUT)")
+}
+
+// The README's table of environment variables names every one the config
+// reads: a variable the injector sets and no page explains is a setting
+// nobody can find.
+func TestREADMEListsEveryEnvVariable(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range EnvNames() {
+		if !strings.Contains(string(readme), "| `"+v[0]+"` |") {
+			t.Errorf("README.md has no row for %s (%s)", v[0], v[1])
 		}
 	}
 }
