@@ -56,6 +56,7 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzStructuredEvent -fuzztime=30s ./internal/broker/
 	$(GO) test -run='^$$' -fuzz=FuzzDecode -fuzztime=30s ./internal/journal/
 	$(GO) test -run='^$$' -fuzz=FuzzKeyDecode -fuzztime=30s ./internal/journal/
+	$(GO) test -run='^$$' -fuzz=FuzzPart -fuzztime=30s ./internal/journal/
 	$(GO) test -run='^$$' -fuzz=FuzzSetHeaders -fuzztime=30s ./internal/handler/
 	$(GO) test -run='^$$' -fuzz=FuzzStructuredHeaders -fuzztime=30s ./internal/handler/
 	$(GO) test -run='^$$' -fuzz=FuzzURL -fuzztime=30s ./internal/redact/

@@ -324,6 +324,8 @@ func readRecord(p []byte, base int64) (Record, []byte, error) {
 	}
 	if mask&fAt != 0 {
 		r.At = time.Unix(0, base+num())
+	} else {
+		r.At = time.Unix(0, base) // as the writer writes a record without a time
 	}
 	if mask&fAttempt != 0 {
 		r.Attempt = int(num())
@@ -367,7 +369,9 @@ func readRecord(p []byte, base int64) (Record, []byte, error) {
 			}
 			t[k] = v
 		}
-		r.Trail = t
+		if len(t) > 0 {
+			r.Trail = t
+		}
 	}
 	if bad {
 		return r, nil, fmt.Errorf("%w: record field", ErrCorrupt)
