@@ -186,50 +186,26 @@ func (j *Journal) Event(source, eventID string) ([][]Step, error) {
 	if !j.idx.knows(h) {
 		return nil, nil
 	}
-	type found struct {
-		head partHead
-		p    chainPart
-	}
 	var out [][]Step
 	err := j.db.View(func(tx *bolt.Tx) error {
 		r, err := j.idx.resolve(tx, h)
-		if err != nil || r == 0 {
-			return err
-		}
-		var parts []found
-		err = walkFrom(tx, r, func(at ref, head *partHead, recs []byte, base int64) (bool, error) {
-			parts = append(parts, found{head: *head, p: chainPart{at: at, recs: recs, base: base}})
-			return true, nil
-		})
 		if err != nil {
 			return err
 		}
-		keys := map[uint32]Key{}
-		for _, f := range parts {
-			if f.head.flags&flagKey != 0 && f.head.key.Source == source && f.head.key.EventID == eventID {
-				keys[keyCheck(f.head.key)] = f.head.key
-			}
+		order, byKey, err := handoffsFrom(tx, r)
+		if err != nil {
+			return err
 		}
-		byKey := map[Key][]Step{}
-		done := map[Key]bool{}    // its whole history seen (a copy part)
-		for _, f := range parts { // newest first
-			k, ok := f.head.key, f.head.flags&flagKey != 0
-			if !ok {
-				k, ok = keys[f.head.check]
+		// Another event's, where two share a hash, are not this one's.
+		order = slices.DeleteFunc(order, func(k Key) bool { return k.Source != source || k.EventID != eventID })
+		slices.SortFunc(order, func(a, b Key) int { return strings.Compare(a.ReplayID, b.ReplayID) })
+		for _, k := range order {
+			ps := byKey[k]
+			var steps []Step
+			for i := len(ps) - 1; i >= 0; i-- {
+				steps = appendSteps(steps, k, ps[i])
 			}
-			if !ok || k.Source != source || k.EventID != eventID || done[k] {
-				continue
-			}
-			byKey[k] = append(appendSteps(nil, k, f.p), byKey[k]...)
-			done[k] = f.head.flags&flagCopy != 0
-		}
-		ks := make([]Key, 0, len(byKey))
-		for k := range byKey {
-			ks = append(ks, k)
-		}
-		slices.SortFunc(ks, func(a, b Key) int { return strings.Compare(a.ReplayID, b.ReplayID) })
-		for _, k := range ks {
-			out = append(out, byKey[k])
+			out = append(out, steps)
 		}
 		return nil
 	})

@@ -311,43 +311,9 @@ func (j *Journal) countOpen(tx *bolt.Tx, rec *Recovery) error {
 // eachHandoffFrom calls fn with the records of each hand-off of the event
 // whose newest part is r, oldest first, and the ref of its oldest part.
 func (j *Journal) eachHandoffFrom(tx *bolt.Tx, r ref, fn func(Key, []Record, ref)) error {
-	if r == 0 {
-		return nil
-	}
-	type found struct {
-		head partHead
-		p    chainPart
-	}
-	var parts []found
-	err := walkFrom(tx, r, func(at ref, head *partHead, recs []byte, base int64) (bool, error) {
-		parts = append(parts, found{head: *head, p: chainPart{at: at, recs: recs, base: base}})
-		return true, nil
-	})
+	order, byKey, err := handoffsFrom(tx, r)
 	if err != nil {
 		return err
-	}
-	keys := map[uint32]Key{}
-	for _, f := range parts {
-		if f.head.flags&flagKey != 0 {
-			keys[keyCheck(f.head.key)] = f.head.key
-		}
-	}
-	var order []Key
-	byKey := map[Key][]chainPart{}
-	done := map[Key]bool{}
-	for _, f := range parts { // newest first
-		k, ok := f.head.key, f.head.flags&flagKey != 0
-		if !ok {
-			k, ok = keys[f.head.check]
-		}
-		if !ok || done[k] {
-			continue
-		}
-		if _, seen := byKey[k]; !seen {
-			order = append(order, k)
-		}
-		byKey[k] = append(byKey[k], f.p)
-		done[k] = f.head.flags&flagCopy != 0
 	}
 	for _, k := range order {
 		ps := byKey[k]

@@ -103,3 +103,51 @@ func (j *Journal) history(tx *bolt.Tx, k Key, dst []chainPart, lenient bool) ([]
 	}
 	return dst, nil
 }
+
+// handoffsFrom walks the chain of the event whose newest part is r and
+// sorts its parts by hand-off: each hand-off's, newest first, up to the one
+// that holds its whole history (flagCopy), in the order the walk met them.
+// A part named by its key check belongs to the hand-off named in full
+// further down the chain; one whose hand-off is not (its first part was
+// dropped) is left out.
+func handoffsFrom(tx *bolt.Tx, r ref) ([]Key, map[Key][]chainPart, error) {
+	if r == 0 {
+		return nil, nil, nil
+	}
+	type found struct {
+		head partHead
+		p    chainPart
+	}
+	var parts []found
+	err := walkFrom(tx, r, func(at ref, head *partHead, recs []byte, base int64) (bool, error) {
+		parts = append(parts, found{head: *head, p: chainPart{at: at, recs: recs, base: base}})
+		return true, nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	keys := map[uint32]Key{}
+	for _, f := range parts {
+		if f.head.flags&flagKey != 0 {
+			keys[keyCheck(f.head.key)] = f.head.key
+		}
+	}
+	var order []Key
+	byKey := map[Key][]chainPart{}
+	whole := map[Key]bool{}   // its whole history met (a copy part)
+	for _, f := range parts { // newest first
+		k, ok := f.head.key, f.head.flags&flagKey != 0
+		if !ok {
+			k, ok = keys[f.head.check]
+		}
+		if !ok || whole[k] {
+			continue
+		}
+		if _, seen := byKey[k]; !seen {
+			order = append(order, k)
+		}
+		byKey[k] = append(byKey[k], f.p)
+		whole[k] = f.head.flags&flagCopy != 0
+	}
+	return order, byKey, nil
+}
