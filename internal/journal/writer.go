@@ -1,0 +1,230 @@
+package journal
+
+import (
+	"fmt"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// The writer: one goroutine that gathers the queued requests into group
+// commits.
+
+// writer is the one goroutine that writes: it gathers queued requests into a
+// batch, commits it in one transaction, and answers every waiter. After a
+// failed commit it commits nothing more: a record must never land without
+// the ones queued before it.
+func (j *Journal) writer() {
+	defer j.wg.Done()
+	batch := make([]*request, 0, 64)
+	var next *request // taken from the queue but left for the next batch
+	for {
+		first := next
+		next = nil
+		if first == nil {
+			var ok bool
+			if first, ok = <-j.reqs; !ok {
+				return
+			}
+		}
+		batch = append(batch[:0], first)
+		if first.drop != nil {
+			// Alone: it reads the index as the last commit left it.
+		} else if j.o.Sync == SyncAlways {
+			batch, next = j.gatherAsync(batch, len(first.recs))
+		} else {
+			batch, next = j.gather(batch, len(first.recs))
+		}
+		j.lastBatch = len(batch)
+		err := j.failure()
+		if err == nil {
+			start := time.Now()
+			err = j.commit(batch)
+			took := time.Since(start)
+			j.commits.record(took)
+			if j.o.OnCommit != nil {
+				j.o.OnCommit(took)
+			}
+			if err == nil && j.overSize() {
+				select {
+				case j.trimNow <- struct{}{}:
+				default:
+				}
+			}
+			switch {
+			case err != nil && noRoom(err):
+				// Nothing of the batch landed: its waiters hear so, and
+				// the next batch is tried, not refused.
+				err = fmt.Errorf("%w: %s: %w", ErrNoRoom, j.path, err)
+				j.failMu.Lock()
+				if j.full == nil {
+					j.log.Error("journal cannot be written: no room; hand-offs wait until it can", "path", j.path, "err", err)
+				}
+				j.full = err
+				j.failMu.Unlock()
+			case err != nil:
+				j.failMu.Lock()
+				if j.failed == nil {
+					j.failed = fmt.Errorf("journal %s: commit failed: %w", j.path, err)
+					j.log.Error("journal commit failed; the journal accepts no more records", "path", j.path, "err", err)
+				}
+				err = j.failed
+				j.failMu.Unlock()
+			default:
+				j.failMu.Lock()
+				if j.full != nil {
+					j.log.Info("journal writable again", "path", j.path)
+					j.full = nil
+				}
+				j.failMu.Unlock()
+			}
+		}
+		for _, r := range batch {
+			if r.wait != nil {
+				r.wait <- err // its caller frees it, if pooled
+			} else {
+				r.free()
+			}
+		}
+	}
+}
+
+// lingerAfter is how many requests the latest commit must have held for
+// the next one to linger: with fewer, writers are not many at once, and a
+// wait would only delay them (a partition handled one record at a time
+// waits out a commit per record).
+const lingerAfter = 8
+
+// gather adds queued requests to batch while they fit in MaxBatch records,
+// waiting up to Linger for more when the queue runs dry and the latest
+// commit was a busy one. A request that does not fit is returned, for the
+// next batch; one larger than MaxBatch on its own is a batch by itself.
+func (j *Journal) gather(batch []*request, n int) ([]*request, *request) {
+	var linger <-chan time.Time
+	waited := false
+	for _, r := range batch {
+		waited = waited || r.wait != nil
+	}
+	for n < j.o.MaxBatch {
+		var r *request
+		var ok bool
+		select {
+		case r, ok = <-j.reqs:
+		default:
+			wait := j.o.Linger
+			if !waited {
+				wait = j.o.AsyncDelay
+			} else if j.lastBatch < lingerAfter {
+				wait = 0
+			}
+			if wait <= 0 {
+				return batch, nil
+			}
+			if linger == nil {
+				linger = time.After(wait)
+			}
+			select {
+			case r, ok = <-j.reqs:
+			case <-linger:
+				return batch, nil
+			}
+		}
+		if !ok {
+			return batch, nil
+		}
+		if n+len(r.recs) > j.o.MaxBatch || r.drop != nil {
+			return batch, r
+		}
+		batch = append(batch, r)
+		n += len(r.recs)
+		if r.wait != nil && !waited {
+			// Somebody waits now: from here on this is a batch like any,
+			// which takes what is queued and lingers only after a busy one.
+			waited, linger = true, nil
+		}
+	}
+	return batch, nil
+}
+
+// defaultAsyncDelay is Options.AsyncDelay when it is zero.
+const defaultAsyncDelay = 5 * time.Millisecond
+
+// gatherAsync is gather for SyncAlways: every Append still commits on its
+// own, but queued records nobody waits for (AppendAsync) ride along with the
+// next transaction instead of costing an fsync each.
+func (j *Journal) gatherAsync(batch []*request, n int) ([]*request, *request) {
+	if batch[len(batch)-1].wait != nil {
+		return batch, nil // a waited request closes the transaction
+	}
+	for n < j.o.MaxBatch {
+		var r *request
+		var ok bool
+		select {
+		case r, ok = <-j.reqs:
+		default:
+			return batch, nil
+		}
+		if !ok {
+			return batch, nil
+		}
+		if n+len(r.recs) > j.o.MaxBatch || r.drop != nil {
+			return batch, r
+		}
+		batch = append(batch, r)
+		n += len(r.recs)
+		if r.wait != nil {
+			return batch, nil
+		}
+	}
+	return batch, nil
+}
+
+func (j *Journal) commit(batch []*request) error {
+	j.staged.reset()
+	err := j.db.Update(func(tx *bolt.Tx) error {
+		n, err := j.write(tx, batch)
+		if err != nil {
+			return err
+		}
+		if j.o.BeforeCommit != nil {
+			return j.o.BeforeCommit(n)
+		}
+		return nil
+	})
+	if err == nil {
+		j.apply()
+	}
+	return err
+}
+
+// write puts the batch's records in tx and returns how many it wrote.
+func (j *Journal) write(tx *bolt.Tx, batch []*request) (int, error) {
+	w := j.logWriter(tx)
+	n := 0
+	for _, r := range batch {
+		switch {
+		case r.probe:
+			// A page written and synced like any record's.
+			if err := tx.Bucket(bucketMeta).Put(metaProbe, appendTime(nil, w.now)); err != nil {
+				return n, err
+			}
+		case r.marks != nil:
+			if err := putMarks(tx, r.marks); err != nil {
+				return n, err
+			}
+		case r.drop != nil:
+			if err := j.drop(tx, &w, r.drop); err != nil {
+				return n, err
+			}
+		case len(r.recs) > 0:
+			if err := w.part(r.key, r.recs, 0); err != nil {
+				return n, err
+			}
+			n += len(r.recs)
+		}
+	}
+	if err := w.flush(); err != nil {
+		return n, err
+	}
+	return n, j.maybeSeal(tx)
+}
