@@ -13,26 +13,35 @@
 // A hop is one delivery of the message: the original (hop 0) and each copy
 // the sidecar made (hop 1, 2, …, carried in the copy's handoff-hops header).
 //
-// Each hand-off gets an id when its first record is written, in that order,
-// and its records are stored under the id: the records of the messages in
-// flight all land at the end of the tree, so a commit writes a few pages
-// however random the event ids are. One index maps each key to its id; it
-// would be the only write to a random place, once per hand-off, so a new
-// key's entry waits in memory and is merged into the index later, thousands
-// at a time in key order (recent.go): a page of the index is rewritten once
-// for all the keys that land on it. The keys not yet merged are read back
-// from their hand-offs' first records when the journal opens. A journal of
-// the earlier layout (records under the key itself) is upgraded when it
-// opens.
+// The file is an append-only log (part.go): each group commit appends
+// values, a quarter page each, under an increasing sequence number; a value
+// holds each hand-off's records of that commit as one part, which names its
+// hand-off in full the first time and by a key check after that, and links
+// to the previous part of the same event (in any replay). So a commit
+// writes at the end of one tree however random the event ids are, and the
+// oldest history is dropped a range of sequence numbers at a time.
+//
+// Where an event's newest part is lives in memory (index.go): a map for the
+// parts since the latest seal, and sealed segments of sealAt events kept in
+// the file with a blocked Bloom filter in memory. An event the journal has
+// never seen costs a look in memory and no read of the file. The open set
+// (events with a hand-off received and not settled) is kept in memory and
+// written with each seal; Open rebuilds the index from the segments'
+// filters, the newest segment's open set and the log written after it. A
+// journal of an earlier layout is rewritten into this one when it opens
+// for writing, beside itself, and the old file kept as <path>.format<N>.
 //
 // Writes are group-committed: one goroutine batches records from every caller
 // into one bbolt transaction (one fsync), and Append returns once the batch
-// holding its records is durable. AppendAsync queues records without waiting.
+// holding its records is durable. AppendAsync queues records without waiting;
+// they wait up to Options.AsyncDelay for a commit that somebody waits on.
 //
-// Settled hand-offs are kept for Options.Retention, and the file's live data
-// (its pages in use, free pages not counted) within Options.MaxSize: past
-// it, the earliest settled hand-offs are dropped down to 90% of it. Open
-// hand-offs are never dropped for size; they are what a restart needs.
+// The log's oldest values are dropped once their newest record is older
+// than Options.Retention, and while the file's live data (its pages in use,
+// free pages not counted) is over Options.MaxSize, down to 90% of it. An
+// open hand-off with a part in a dropped range is written again whole at
+// the log's end first: open hand-offs are never dropped for size, and for
+// age only once their latest record is older than Retention.
 //
 // The journal also names the sidecar that writes it: an instance id made at
 // random when the file is first opened and kept in it (InstanceID), also
@@ -49,6 +58,14 @@
 //
 // The journal is local to one sidecar. It narrows duplicates and explains
 // them; it does not replace idempotent handlers.
+//
+// A look-up of an event the tail does not hold tests every segment's
+// filter, one cache line each: at the default MaxSize, some thirty of
+// them. Segments are not merged yet.
+//
+// A part that fails its checksum is counted at Open (Recovery.Unreadable)
+// and its hand-off's state is an error; dispatch handles such a message as
+// new, at worst a duplicate call.
 //
 // MaxSize bounds the live data, not the file: bbolt reuses freed pages
 // before it grows the file, so the file stops growing, but it never
