@@ -96,23 +96,17 @@ func (j *Journal) drop(tx *bolt.Tx, w *logWriter, req *dropRequest) error {
 // key in full) whose event has none open.
 func (j *Journal) countClosed(v []byte) int {
 	n := 0
-	for off := valueHeader; off < len(v); {
-		body, next, err := readPart(v, off)
-		if err != nil {
-			return n
+	partsOf(v, func(_ int, body []byte, err error) bool {
+		if err != nil || len(body) == 0 || body[0]&flagKey == 0 {
+			return err == nil
 		}
-		off = next
-		if len(body) == 0 || body[0]&flagKey == 0 {
-			continue
+		if k, _, err := decodeKey(body[1:]); err == nil {
+			if _, open := j.openOf(eventHash(k)); !open {
+				n++
+			}
 		}
-		k, _, err := decodeKey(body[1:])
-		if err != nil {
-			continue
-		}
-		if _, open := j.openOf(eventHash(k)); !open {
-			n++
-		}
-	}
+		return true
+	})
 	return n
 }
 

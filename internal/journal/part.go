@@ -167,6 +167,20 @@ func readPart(value []byte, off int) (body []byte, next int, err error) {
 	return body, next, nil
 }
 
+// partsOf calls fn with each part of value v in order: its offset, its
+// body, and the error reading it. A part that fails its checksum comes with
+// its body; one whose length is wrong ends the value and comes with a nil
+// body. fn returns whether to go on.
+func partsOf(v []byte, fn func(off int, body []byte, err error) bool) {
+	for off := valueHeader; off < len(v); {
+		body, next, err := readPart(v, off)
+		if !fn(off, body, err) || body == nil {
+			return
+		}
+		off = next
+	}
+}
+
 // readHead reads a part's head from body, at seq, and returns the records'
 // encoding that follows.
 func readHead(body []byte, seq uint64) (partHead, []byte, error) {

@@ -131,14 +131,16 @@ func eachPart(tx *bolt.Tx, fn func(at ref, head *partHead, recs []byte, base int
 		if err != nil {
 			return err
 		}
-		for off := valueHeader; off < len(v); {
-			body, next, perr := readPart(v, off)
+		var ferr error
+		partsOf(v, func(off int, body []byte, perr error) bool {
 			if body == nil {
-				return perr
+				ferr = perr
+				return false
 			}
 			head, recs, err := readHead(body, seq)
 			if err != nil {
-				return err
+				ferr = err
+				return false
 			}
 			if perr != nil {
 				// Shown under the hand-off its head names, if it does.
@@ -147,10 +149,11 @@ func eachPart(tx *bolt.Tx, fn func(at ref, head *partHead, recs []byte, base int
 			if head.flags&flagKey != 0 {
 				keys[keyCheck(head.key)] = head.key
 			}
-			if err := fn(makeRef(seq, off), &head, recs, base, keys, perr); err != nil {
-				return err
-			}
-			off = next
+			ferr = fn(makeRef(seq, off), &head, recs, base, keys, perr)
+			return ferr == nil
+		})
+		if ferr != nil {
+			return ferr
 		}
 	}
 	return nil

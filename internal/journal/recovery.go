@@ -200,24 +200,23 @@ func (j *Journal) loadTail(tx *bolt.Tx, from uint64, rec *Recovery) error {
 		if err != nil {
 			return err
 		}
-		for off := valueHeader; off < len(v); {
-			// A part that cannot be read is counted and left out: its
-			// hand-off's state cannot be read either, and dispatch handles
-			// its message as new (at worst a duplicate call).
-			body, next, perr := readPart(v, off)
+		// A part that cannot be read is counted and left out: its
+		// hand-off's state cannot be read either, and dispatch handles its
+		// message as new (at worst a duplicate call).
+		var ferr error
+		partsOf(v, func(off int, body []byte, perr error) bool {
 			if body == nil {
 				j.log.Warn("journal: a damaged log value is read only up to here", "seq", seq, "offset", off, "err", perr)
 				rec.Unreadable++
-				break
+				return false
 			}
 			head, recs, err := readHead(body, seq)
 			at := makeRef(seq, off)
-			off = next
 			if err != nil || perr != nil {
-				j.log.Warn("journal: a part of the log cannot be read", "seq", seq, "offset", at.off(), "err", errors.Join(perr, err))
+				j.log.Warn("journal: a part of the log cannot be read", "seq", seq, "offset", off, "err", errors.Join(perr, err))
 				rec.Unreadable++
 				if err != nil {
-					continue
+					return true
 				}
 				recs = nil // indexed, so its hand-off's history shows it
 			}
@@ -231,18 +230,19 @@ func (j *Journal) loadTail(tx *bolt.Tx, from uint64, rec *Recovery) error {
 				var ok bool
 				if h, ok = hashes[head.prev]; !ok {
 					if h, ok = chainHash(tx, head.prev); !ok {
-						continue // a chain whose named parts were dropped
+						return true // a chain whose named parts were dropped
 					}
 				}
 			}
 			hashes[at] = h
 			x.tail[h] = tailEntry{at: at, check: check}
 			if recs == nil {
-				continue
+				return true
 			}
 			rs, err := readRecords(recs, base, nil)
 			if err != nil {
-				return err
+				ferr = err
+				return false
 			}
 			cur, ok := x.open[h]
 			if cur, ok = openStep(cur, ok, rs); ok {
@@ -251,6 +251,10 @@ func (j *Journal) loadTail(tx *bolt.Tx, from uint64, rec *Recovery) error {
 			} else {
 				delete(x.open, h)
 			}
+			return true
+		})
+		if ferr != nil {
+			return ferr
 		}
 	}
 	return nil

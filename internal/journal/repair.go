@@ -89,8 +89,8 @@ func Repair(path string) (RepairReport, error) {
 }
 
 // salvageLog reads the hand-offs of a current-format journal, part by part:
-// a part that cannot be read is lost, and the rest of its value with it (a
-// part's length is what finds the next one).
+// a part that cannot be read is lost; past one whose length is wrong, the
+// rest of its value too (a part's length is what finds the next one).
 func salvageLog(tx *bolt.Tx, rep *RepairReport, fn func(Key, []Record)) error {
 	keys := map[uint32]Key{}
 	var order []Key
@@ -103,29 +103,27 @@ func salvageLog(tx *bolt.Tx, rep *RepairReport, fn func(Key, []Record)) error {
 			continue
 		}
 		seq := binary.BigEndian.Uint64(k)
-		for off := valueHeader; off < len(v); {
-			body, next, err := readPart(v, off)
+		partsOf(v, func(_ int, body []byte, err error) bool {
 			if err != nil {
 				rep.Lost++
-				break
+				return true // past a failed checksum, on by its length
 			}
-			off = next
 			head, p, err := readHead(body, seq)
 			if err != nil {
 				rep.Lost++
-				continue
+				return true
 			}
 			key, ok := head.key, head.flags&flagKey != 0
 			if ok {
 				keys[keyCheck(key)] = key
 			} else if key, ok = keys[head.check]; !ok {
 				rep.Lost++ // its hand-off's first part was dropped before
-				continue
+				return true
 			}
 			recs, err := readRecords(p, base, nil)
 			if err != nil {
 				rep.Lost++
-				continue
+				return true
 			}
 			old, seen := byKey[key]
 			if !seen {
@@ -135,7 +133,8 @@ func salvageLog(tx *bolt.Tx, rep *RepairReport, fn func(Key, []Record)) error {
 				old = old[:0]
 			}
 			byKey[key] = append(old, recs...)
-		}
+			return true
+		})
 	}
 	for _, k := range order {
 		if len(byKey[k]) > 0 {
