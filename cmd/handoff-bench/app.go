@@ -46,6 +46,10 @@ type appStats struct {
 	// that carried an X-Sent header (unix nanoseconds).
 	P50Micros int64 `json:"p50_us"`
 	P99Micros int64 `json:"p99_us"`
+	// SlowMillis is, for each second from the first such message on, the
+	// slowest of that second's arrivals, in milliseconds: where in a paced
+	// run its tail sits.
+	SlowMillis []int64 `json:"slow_ms"`
 }
 
 func runApp(args []string) error {
@@ -67,6 +71,7 @@ func runApp(args []string) error {
 	var (
 		latMu    sync.Mutex
 		lat      []int64 // microseconds
+		arrived  []int64 // unix nanoseconds, lat's arrivals
 		st       appStats
 		seenMu   sync.Mutex
 		seen     = map[string]bool{} // ids answered 2xx, so a duplicate success is not counted twice
@@ -132,9 +137,11 @@ func runApp(args []string) error {
 		}
 		attempt, _ := strconv.Atoi(r.Header.Get("Handoff-Attempt"))
 		if sent, err := strconv.ParseInt(r.Header.Get("X-Sent"), 10, 64); err == nil {
-			d := (time.Now().UnixNano() - sent) / 1000
+			now := time.Now().UnixNano()
+			d := (now - sent) / 1000
 			latMu.Lock()
 			lat = append(lat, d)
+			arrived = append(arrived, now)
 			latMu.Unlock()
 		}
 		w.WriteHeader(handle(id, attempt))
@@ -142,13 +149,14 @@ func runApp(args []string) error {
 	mux.HandleFunc("/stats", func(w http.ResponseWriter, _ *http.Request) {
 		latMu.Lock()
 		sorted := slices.Clone(lat)
+		slow := slowestBySecond(arrived, lat)
 		latMu.Unlock()
 		slices.Sort(sorted)
 		var p50, p99 int64
 		if len(sorted) > 0 {
 			p50, p99 = sorted[len(sorted)/2], sorted[len(sorted)*99/100]
 		}
-		_ = json.NewEncoder(w).Encode(appStats{P50Micros: p50, P99Micros: p99,
+		_ = json.NewEncoder(w).Encode(appStats{P50Micros: p50, P99Micros: p99, SlowMillis: slow,
 			Calls: atomic.LoadInt64(&st.Calls), Successes: atomic.LoadInt64(&st.Successes), Poison: atomic.LoadInt64(&st.Poison),
 			FirstNano: atomic.LoadInt64(&st.FirstNano), LastNano: atomic.LoadInt64(&st.LastNano),
 		})
@@ -156,4 +164,18 @@ func runApp(args []string) error {
 	fmt.Fprintf(os.Stdout, "listening %s\n", ln.Addr())
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	return srv.Serve(ln)
+}
+
+// slowestBySecond is, for each second from the first arrival on, the
+// slowest latency (µs) of the messages that arrived in it, in milliseconds.
+func slowestBySecond(arrived, lat []int64) []int64 {
+	var slow []int64
+	for i, at := range arrived {
+		sec := int((at - arrived[0]) / int64(time.Second))
+		for len(slow) <= sec {
+			slow = append(slow, 0)
+		}
+		slow[sec] = max(slow[sec], lat[i]/1000)
+	}
+	return slow
 }

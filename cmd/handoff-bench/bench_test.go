@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -217,5 +218,19 @@ func TestKeptPart(t *testing.T) {
 	}
 	if got := kept(path); got != "" {
 		t.Errorf("kept without a marker = %q", got)
+	}
+}
+
+func TestSlowestBySecond(t *testing.T) {
+	s := int64(time.Second)
+	arrived := []int64{10 * s, 10*s + 1, 11*s + 5, 13 * s}
+	lat := []int64{4000, 250_000, 9000, 1500}
+	got := slowestBySecond(arrived, lat)
+	want := []int64{250, 9, 0, 1}
+	if !slices.Equal(got, want) {
+		t.Errorf("slowestBySecond = %v, want %v", got, want)
+	}
+	if got := slowestBySecond(nil, nil); got != nil {
+		t.Errorf("no arrivals: %v, want none", got)
 	}
 }

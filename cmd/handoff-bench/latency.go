@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -19,6 +20,7 @@ type latencyRow struct {
 	rate     float64
 	p50, p99 time.Duration
 	note     string
+	slow     []int64 // the slowest arrival of each second, ms
 }
 
 // pacedDuration is how long a latency run publishes.
@@ -81,6 +83,7 @@ func paced(o options, name string, rate float64, settle time.Duration, publish f
 		return r, fmt.Errorf("%w; log tail: %s", err, tail(p.logs.String()))
 	}
 	r.p50, r.p99 = time.Duration(st.P50Micros)*time.Microsecond, time.Duration(st.P99Micros)*time.Microsecond
+	r.slow = st.SlowMillis
 	return r, nil
 }
 
@@ -128,7 +131,7 @@ func producePaced(o options, topic string, rate float64, d time.Duration) (int, 
 // kafkaLatencyRows is rabbitLatencyRows on Kafka.
 func kafkaLatencyRows(o options, baseRate, sidecarRate float64) []latencyRow {
 	return latencyPairs(o, kafkaPaced, "Kafka baseline (hand-written franz-go)", "Kafka sidecar, ordering none, journal batch",
-		baseRate, sidecarRate, func(topic string) string { return kafkaSource(o, topic, "none") }, func(topic string) starter { return kafkaBaselineCmd(o, topic) })
+		baseRate, sidecarRate, func(topic string) string { return kafkaSource(o, topic, "none") }, func(topic, run string) starter { return kafkaBaselineCmd(o, topic, run) })
 }
 
 // publishPaced publishes at rate for d, each message stamped with its
@@ -198,22 +201,25 @@ func publishPaced(o options, q string, rate float64, d time.Duration) (int, erro
 // sidecar's, which both sustain while a publisher shares the cores.
 func rabbitLatencyRows(o options, baseRate, sidecarRate float64) []latencyRow {
 	return latencyPairs(o, rabbitPaced, "RabbitMQ baseline (hand-written amqp091-go)", "RabbitMQ sidecar, journal batch",
-		baseRate, sidecarRate, func(q string) string { return rabbitSource(o, q, 256) }, func(q string) starter { return rabbitBaselineCmd(o, q) })
+		baseRate, sidecarRate, func(q string) string { return rabbitSource(o, q, 256) }, func(q, run string) starter { return rabbitBaselineCmd(o, q, run) })
 }
 
 // latencyPairs runs a baseline row and a sidecar row at a third of the
 // baseline's drain rate (the publisher shares the cores: at half, the
 // baseline's own tail is seconds here), then again at a quarter of the
 // sidecar's. source is the
-// sidecar's source for a queue or topic, baseline the baseline for it.
+// sidecar's source for a queue or topic, baseline the baseline for it (run
+// names its profile). Each of the four runs writes a profile of its own.
 func latencyPairs(o options, pb pacedBroker, baseName, sidecarName string, baseRate, sidecarRate float64,
-	source func(dest string) string, baseline func(dest string) starter) []latencyRow {
+	source func(dest string) string, baseline func(dest, run string) starter) []latencyRow {
+	pace := "third"
 	run := func(name string, rate float64, sidecar bool) (latencyRow, error) {
+		profile := name + ", paced " + pace
 		return latency(o, pb, name, rate, func(dest string) starter {
 			if sidecar {
-				return sidecarStarter(o, name, source(dest), "batch", false)
+				return sidecarStarter(o, profile, source(dest), "batch", false)
 			}
-			return baseline(dest)
+			return baseline(dest, profile)
 		})
 	}
 	var rows []latencyRow
@@ -227,8 +233,63 @@ func latencyPairs(o options, pb pacedBroker, baseName, sidecarName string, baseR
 	add(run(baseName+", a third of its drain rate", baseRate/3, false))
 	add(run(sidecarName+", same load", baseRate/3, true))
 	if sidecarRate > 0 {
+		pace = "quarter"
 		add(run(baseName+", a quarter of the sidecar's drain rate", sidecarRate/4, false))
 		add(run(sidecarName+", same load", sidecarRate/4, true))
 	}
 	return rows
+}
+
+// pacedRounds runs the paced rows alone at o.paced, o.rounds times: the
+// baseline, then the sidecar (and, with -compare, the other sidecar), on
+// each broker o.only leaves in.
+func pacedRounds(o options) error {
+	type broker struct {
+		pb                    pacedBroker
+		baseName, sidecarName string
+		source                func(dest string) string
+		baseline              func(dest, run string) starter
+	}
+	var brokers []broker
+	if o.only != "kafka" {
+		brokers = append(brokers, broker{rabbitPaced, "RabbitMQ baseline", "RabbitMQ sidecar",
+			func(q string) string { return rabbitSource(o, q, 256) },
+			func(q, run string) starter { return rabbitBaselineCmd(o, q, run) }})
+	}
+	if o.only != "rabbitmq" {
+		brokers = append(brokers, broker{kafkaPaced, "Kafka baseline", "Kafka sidecar",
+			func(topic string) string { return kafkaSource(o, topic, "none") },
+			func(topic, run string) starter { return kafkaBaselineCmd(o, topic, run) }})
+	}
+	sidecars := []string{o.sidecar}
+	if o.compare != "" {
+		other, err := filepath.Abs(o.compare)
+		if err != nil {
+			return err
+		}
+		sidecars = append(sidecars, other)
+	}
+	show := func(r latencyRow, err error) {
+		if err != nil {
+			r.note = "failed: " + err.Error()
+		}
+		fmt.Printf("%-52s paced %6.0f msg/s  p50 %8v  p99 %8v  %s\n", r.name, r.rate, r.p50, r.p99, r.note)
+		fmt.Printf("    slowest each second, ms: %v\n", r.slow)
+	}
+	for round := 1; round <= o.rounds; round++ {
+		for _, b := range brokers {
+			name := fmt.Sprintf("%s [round %d]", b.baseName, round)
+			show(latency(o, b.pb, name, o.paced, func(dest string) starter { return b.baseline(dest, name) }))
+			for _, bin := range sidecars {
+				so := o
+				so.sidecar = bin
+				so.allocs = so.allocs && bin == o.sidecar // an earlier build may not know the flag
+				name := fmt.Sprintf("%s %s [round %d]", b.sidecarName, filepath.Base(bin), round)
+				show(latency(so, b.pb, name, o.paced, func(dest string) starter {
+					return sidecarStarter(so, name, b.source(dest), "batch", false)
+				}))
+			}
+		}
+	}
+	return nil
 }

@@ -73,6 +73,10 @@ type options struct {
 	// the metrics' cost is the difference.
 	metricsOff     bool
 	compareMetrics bool // compare metrics on with metrics off on one build
+	// paced runs only the latency rows, at this rate (msgs/s): the
+	// baseline and the sidecar (or, with -compare, the two sidecars) in
+	// turn, rounds times.
+	paced float64
 }
 
 func runHarness(args []string) error {
@@ -93,6 +97,7 @@ func runHarness(args []string) error {
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds of -compare, -compare-ids or -compare-metrics")
 	fs.BoolVar(&o.batch, "batch", false, "with -compare or -compare-ids: compare the batch-delivery rows instead")
 	fs.BoolVar(&o.timeIDs, "time-ids", false, "message ids that sort by time (UUIDv7-shaped) instead of random ones")
+	fs.Float64Var(&o.paced, "paced", 0, "run only the latency rows at this rate (msgs/s), -rounds times: the baseline and the sidecar, or with -compare the two sidecars, in turn")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -118,6 +123,13 @@ func runHarness(args []string) error {
 		return errors.New("-compare, -compare-ids, -compare-metrics: one comparison at a time")
 	case o.compareIDs && o.timeIDs:
 		return errors.New("-compare-ids runs both kinds of id: -time-ids has no place in it")
+	case o.paced < 0:
+		return errors.New("-paced: want a rate above 0 msgs/s")
+	case o.paced > 0 && (o.compareIDs || o.compareMetrics || o.batch):
+		return errors.New("-paced compares a baseline with a sidecar, or two sidecars (-compare): not -compare-ids, -compare-metrics or -batch")
+	}
+	if o.paced > 0 {
+		return pacedRounds(o)
 	}
 	if o.compare != "" || o.compareIDs || o.compareMetrics {
 		return compare(o)

@@ -364,22 +364,22 @@ func rabbitBaseline(o options) (row, error) {
 		return row{name: name}, err
 	}
 	defer cleanup()
-	return runConsumer(o, name, false, rabbitBaselineCmd(o, q))
+	return runConsumer(o, name, false, rabbitBaselineCmd(o, q, "RabbitMQ baseline"))
 }
 
 // starter builds the consumer process for an app, with what removes its
 // files afterwards.
 type starter func(a *app) (*exec.Cmd, func(), error)
 
-func rabbitBaselineCmd(o options, q string) starter {
+func rabbitBaselineCmd(o options, q, run string) starter {
 	return func(a *app) (*exec.Cmd, func(), error) {
-		return baselineCmd(o, "RabbitMQ baseline", "baseline-rabbit", "-url", o.rabbit, "-queue", q, "-app", a.url), func() {}, nil
+		return baselineCmd(o, run, "baseline-rabbit", "-url", o.rabbit, "-queue", q, "-app", a.url), func() {}, nil
 	}
 }
 
-func kafkaBaselineCmd(o options, topic string) starter {
+func kafkaBaselineCmd(o options, topic, run string) starter {
 	return func(a *app) (*exec.Cmd, func(), error) {
-		return baselineCmd(o, o.kafkaName+" baseline", "baseline-kafka", "-brokers", o.kafka, "-topic", topic, "-group", topic+"-g", "-app", a.url), func() {}, nil
+		return baselineCmd(o, run, "baseline-kafka", "-brokers", o.kafka, "-topic", topic, "-group", topic+"-g", "-app", a.url), func() {}, nil
 	}
 }
 
@@ -572,7 +572,7 @@ func kafkaBaseline(o options) (row, error) {
 		return row{name: name}, err
 	}
 	defer cleanup()
-	return runConsumer(o, name, false, kafkaBaselineCmd(o, topic))
+	return runConsumer(o, name, false, kafkaBaselineCmd(o, topic, o.kafkaName+" baseline"))
 }
 
 func kafkaSidecar(o options, ordering string, mixed, batch bool) (row, error) {
