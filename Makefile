@@ -59,6 +59,7 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzPart -fuzztime=30s ./internal/journal/
 	$(GO) test -run='^$$' -fuzz=FuzzSetHeaders -fuzztime=30s ./internal/handler/
 	$(GO) test -run='^$$' -fuzz=FuzzStructuredHeaders -fuzztime=30s ./internal/handler/
+	$(GO) test -run='^$$' -fuzz=FuzzEncodeBatch -fuzztime=30s ./internal/handler/
 	$(GO) test -run='^$$' -fuzz=FuzzURL -fuzztime=30s ./internal/redact/
 	$(GO) test -run='^$$' -fuzz=FuzzLedgerRecord -fuzztime=30s ./internal/deadletter/
 

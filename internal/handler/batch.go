@@ -1,8 +1,8 @@
 package handler
 
 import (
-	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -287,10 +287,7 @@ func (b *Batcher) post(batch []*pending) (each []Result, whole Result, split boo
 
 // SendBatch POSTs reqs in CloudEvents batched mode.
 func (h *HTTP) SendBatch(ctx context.Context, reqs []*Request) (each []Result, whole Result, split bool) {
-	body, err := encodeBatch(reqs)
-	if err != nil {
-		return nil, Result{Outcome: budget.Permanent, Detail: "encode batch: " + err.Error()}, false
-	}
+	body := encodeBatch(reqs)
 	req := h.newRequest(ctx, body, http.Header{"Content-Type": {BatchContentType}})
 	h.authorize(req)
 	resp, err := h.tr.RoundTrip(req)
@@ -351,43 +348,116 @@ func matchResult(found, twice bool) (res Result, matched bool) {
 	return Result{}, true
 }
 
-// encodeBatch writes the attempts as a JSON array of structured events.
-func encodeBatch(reqs []*Request) ([]byte, error) {
+// encodeBatch writes the attempts as a JSON array of structured events, in
+// the bytes encoding/json would write for event (with HTML left unescaped),
+// the extensions after the fields and the JSON data last.
+func encodeBatch(reqs []*Request) []byte {
 	size := 2
 	for _, r := range reqs {
 		size += 4*len(r.Message.Body)/3 + 512
 	}
-	var buf bytes.Buffer
-	buf.Grow(size)
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	buf.WriteByte('[')
+	buf := make([]byte, 0, size)
+	buf = append(buf, '[')
 	for i, r := range reqs {
 		if i > 0 {
-			buf.WriteByte(',')
+			buf = append(buf, ',')
 		}
-		e := structured(r)
-		if err := enc.Encode(&e); err != nil {
-			return nil, err
-		}
-		buf.Truncate(buf.Len() - 2) // the closing brace and Encode's newline
-		for _, a := range e.ext {
-			buf.WriteString(`,"`)
-			buf.WriteString(a.name) // validAttr: nothing to escape
-			buf.WriteString(`":`)
-			if err := enc.Encode(a.value); err != nil {
-				return nil, err
-			}
-			buf.Truncate(buf.Len() - 1)
-		}
-		if e.data != nil {
-			buf.WriteString(`,"data":`)
-			buf.Write(e.data)
-		}
-		buf.WriteByte('}')
+		buf = appendEvent(buf, structured(r))
 	}
-	buf.WriteByte(']')
-	return buf.Bytes(), nil
+	return append(buf, ']')
+}
+
+// appendEvent appends e as one JSON object.
+func appendEvent(buf []byte, e event) []byte {
+	field := func(buf []byte, name, v string, omitEmpty bool) []byte {
+		if omitEmpty && v == "" {
+			return buf
+		}
+		if len(buf) > 0 && buf[len(buf)-1] != '{' {
+			buf = append(buf, ',')
+		}
+		buf = append(buf, '"')
+		buf = append(buf, name...) // a constant or validAttr: nothing to escape
+		buf = append(buf, '"', ':')
+		return appendJSONString(buf, v)
+	}
+	buf = append(buf, '{')
+	buf = field(buf, "specversion", e.SpecVersion, false)
+	buf = field(buf, "id", e.ID, false)
+	buf = field(buf, "source", e.Source, false)
+	buf = field(buf, "type", e.Type, false)
+	buf = field(buf, "datacontenttype", e.DataContentType, true)
+	buf = field(buf, "handoffattempt", e.HandoffAttempt, false)
+	buf = field(buf, "handoffdeadline", e.HandoffDeadline, true)
+	buf = field(buf, "handoffredelivered", e.HandoffRedelivered, false)
+	buf = field(buf, "handoffreplayid", e.HandoffReplayID, true)
+	if len(e.DataBase64) > 0 {
+		buf = append(buf, `,"data_base64":"`...)
+		buf = base64.StdEncoding.AppendEncode(buf, e.DataBase64)
+		buf = append(buf, '"')
+	}
+	for _, a := range e.ext {
+		buf = field(buf, a.name, a.value, false)
+	}
+	if e.data != nil {
+		buf = append(buf, `,"data":`...)
+		buf = append(buf, e.data...)
+	}
+	return append(buf, '}')
+}
+
+// appendJSONString appends s as a JSON string, escaped as encoding/json
+// escapes it with HTML escaping off: quote, backslash and control bytes,
+// invalid UTF-8 as U+FFFD, and U+2028 and U+2029 (which JavaScript reads as
+// line ends).
+func appendJSONString(buf []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	buf = append(buf, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		if b := s[i]; b < utf8.RuneSelf {
+			if b >= 0x20 && b != '"' && b != '\\' {
+				i++
+				continue
+			}
+			buf = append(buf, s[start:i]...)
+			switch b {
+			case '\\', '"':
+				buf = append(buf, '\\', b)
+			case '\b':
+				buf = append(buf, '\\', 'b')
+			case '\f':
+				buf = append(buf, '\\', 'f')
+			case '\n':
+				buf = append(buf, '\\', 'n')
+			case '\r':
+				buf = append(buf, '\\', 'r')
+			case '\t':
+				buf = append(buf, '\\', 't')
+			default:
+				buf = append(buf, '\\', 'u', '0', '0', hex[b>>4], hex[b&0xF])
+			}
+			i++
+			start = i
+			continue
+		}
+		c, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case c == utf8.RuneError && size == 1:
+			buf = append(buf, s[start:i]...)
+			buf = append(buf, `\ufffd`...)
+		case c == '\u2028' || c == '\u2029':
+			buf = append(buf, s[start:i]...)
+			buf = append(buf, '\\', 'u', '2', '0', '2', hex[c&0xF])
+		default:
+			i += size
+			continue
+		}
+		i += size
+		start = i
+	}
+	buf = append(buf, s[start:]...)
+	return append(buf, '"')
 }
 
 // eventResult classifies one event's answer: its outcome name wins, else its
