@@ -86,6 +86,10 @@ type Engine struct {
 	workers sync.WaitGroup // walks not yet ended
 	pool    *pool
 	open    map[string]*openSet // by route: deliveries taken, for Status
+	// later is the journal's AppendThen, when it has one: a walk whose
+	// answer is a success hands its ack over to the commit instead of
+	// parking until the outcome is durable (see handoff.settleLater).
+	later laterJournal
 
 	fatalMu    sync.Mutex
 	fatal      error
@@ -116,6 +120,7 @@ func New(o Options) *Engine {
 		order:   newSequencer(),
 		open:    openSets(o.Routes),
 	}
+	e.later, _ = o.Journal.(laterJournal)
 	// As many parked workers as a burst of walks may want at once: the
 	// calls in flight and the deliveries waiting behind them.
 	e.pool = newPool(e.walk, 4*max(o.MaxConcurrency, 16))
@@ -294,23 +299,34 @@ type walk struct {
 
 // walk runs w's hand-off once its turn in its sequence comes.
 func (e *Engine) walk(w *walk) {
-	defer e.workers.Done()
-	defer w.open.leave(w.id)
-	if w.leave != nil {
-		defer w.leave()
-	}
 	if w.wait != nil {
 		select {
 		case <-w.wait:
 		case <-w.work.Done():
 			e.handBack(w.d)
+			e.walkEnded(w.leave, w.open, w.id)
 			return
 		case <-w.d.Lost():
+			e.walkEnded(w.leave, w.open, w.id)
 			return
 		}
 	}
-	h := handoff{e: e, r: w.r, d: w.d, msg: w.msg, retry: w.msg.Copy, intake: w.intake}
+	h := &handoff{e: e, r: w.r, d: w.d, msg: w.msg, retry: w.msg.Copy, intake: w.intake,
+		leave: w.leave, openSet: w.open, openID: w.id}
 	h.run(w.work)
+	if !h.later {
+		h.ended()
+	}
+}
+
+// walkEnded ends a walk's turn in its sequence, takes it out of the open
+// set and counts it ended: the last of a walk, whichever goroutine ends it.
+func (e *Engine) walkEnded(leave func(), open *openSet, id uint64) {
+	if leave != nil {
+		leave()
+	}
+	open.leave(id)
+	e.workers.Done()
 }
 
 func (e *Engine) handBack(d broker.Delivery) {

@@ -64,6 +64,25 @@ type handoff struct {
 	space   *walkSpace
 	room    []journal.Record
 	reqUsed bool
+
+	// What ends the walk (ended): its key lock, its turn in its sequence,
+	// its place in the open set. later says the walk's goroutine left
+	// them to the journal's commit (settleLater).
+	kl      *keyLock
+	leave   func()
+	openSet *openSet
+	openID  uint64
+	later   bool
+}
+
+// ended releases what the walk held: the last thing a walk does, on its
+// own goroutine or, after settleLater, on the journal's.
+func (h *handoff) ended() {
+	if h.kl != nil {
+		h.e.keys.unlock(h.key, h.kl)
+		h.kl = nil
+	}
+	h.e.walkEnded(h.leave, h.openSet, h.openID)
 }
 
 // walkSpace is what a healthy message's walk needs of the heap — RECEIVED
@@ -111,7 +130,7 @@ func (h *handoff) run(ctx context.Context) {
 		e.handBack(h.d)
 		return
 	}
-	defer e.keys.unlock(h.key, kl)
+	h.kl = kl // unlocked by ended
 	if !ok {
 		h.deadLetter(ctx, budget.ReasonMalformed)
 		return

@@ -64,6 +64,12 @@ type Journal interface {
 	Probe(ctx context.Context) error
 }
 
+// laterJournal is a Journal that can call back once records are durable
+// (journal.Journal.AppendThen), so that a walk need not park waiting.
+type laterJournal interface {
+	AppendThen(k journal.Key, then func(error), recs ...journal.Record)
+}
+
 // Route is one configured source: its intakes (the source itself and the
 // retry queue or topics, which may share one consumer) and the transferer for
 // its copies.

@@ -54,13 +54,16 @@ func (h *handoff) decide(ctx context.Context, attempt int, res handler.Result, r
 	}
 	switch dec.Action {
 	case budget.Ack:
+		if res.Outcome == budget.Drop {
+			h.logger().Info("app dropped message", "attempt", attempt)
+		}
+		if h.settleLater(ctx, outcome) {
+			return time.Time{}, false
+		}
 		// Handled: written down before the ack, so a redelivery after a
 		// crash here is settled without calling the app again.
 		if !h.journal(ctx, outcome...) {
 			return time.Time{}, false
-		}
-		if res.Outcome == budget.Drop {
-			h.logger().Info("app dropped message", "attempt", attempt)
 		}
 		if h.fault(WindowHandled) {
 			return time.Time{}, false
@@ -87,6 +90,34 @@ func (h *handoff) decide(ctx context.Context, attempt int, res handler.Result, r
 	return time.Time{}, false
 }
 
+// settleLater is decide's Ack when nothing needs the walk's goroutine until
+// the outcome is durable: the records are handed to the journal with the
+// rest of the walk — the ack, its SETTLED record, and the end of the walk —
+// to run once they are committed, and the goroutine is free for the next
+// delivery instead of parked through the commit. Not when the attempt's span
+// is recorded (the commit is a span of its own under it) or a replayed copy
+// is reported before its ack (a call that may wait on a broker). It
+// reports whether it took the walk over.
+func (h *handoff) settleLater(ctx context.Context, outcome []journal.Record) bool {
+	later := h.e.later
+	if later == nil || h.inAttempt(ctx) || h.trail.ReplayOf != "" {
+		return false
+	}
+	batch := h.batch(outcome...)
+	if len(batch) == 0 {
+		return false
+	}
+	h.later = true
+	later.AppendThen(h.key, func(err error) {
+		defer h.ended()
+		if !h.committed(ctx, err) || h.fault(WindowHandled) {
+			return
+		}
+		h.settle("handled")
+	}, batch...)
+	return true
+}
+
 // journal appends recs and waits for them to be durable. When that fails the
 // crash-safety this walk depends on is gone: the engine stops, as a crash
 // would, and the delivery stays unsettled for the broker to redeliver.
@@ -98,6 +129,13 @@ func (h *handoff) journal(ctx context.Context, recs ...journal.Record) bool {
 	span := h.startCommit(ctx, len(batch))
 	err := h.e.o.Journal.Append(ctx, h.key, batch...)
 	endCommit(span, err)
+	return h.committed(ctx, err)
+}
+
+// committed reports whether the walk goes on after its records' commit
+// ended with err; when it does not, it has handed the delivery back or
+// stopped the engine.
+func (h *handoff) committed(ctx context.Context, err error) bool {
 	switch {
 	case err == nil:
 		return true

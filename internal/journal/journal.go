@@ -153,6 +153,9 @@ type Journal struct {
 	mu     sync.RWMutex // guards closed against sends on reqs
 	closed bool
 	reqs   chan *request
+	// thens are the callbacks of committed AppendThen requests, for the
+	// settler.
+	thens *thens
 
 	failMu sync.Mutex
 	failed error // a failed commit: the journal accepts nothing more
@@ -193,6 +196,8 @@ type request struct {
 	recs []Record
 	// wait is where the commit's error goes; nil: nobody waits.
 	wait chan error
+	// then, when set, is called with the commit's error (AppendThen).
+	then func(error)
 	// done is wait's channel, kept with a pooled request while it is not
 	// waited on.
 	done chan error
@@ -254,6 +259,7 @@ func Open(path string, o Options) (*Journal, Recovery, error) {
 	j := &Journal{
 		path: path, db: db, o: o, log: o.Logger, now: o.Now,
 		reqs:     make(chan *request, 4*o.MaxBatch),
+		thens:    newThens(),
 		stop:     make(chan struct{}),
 		idx:      newIndex(),
 		pageSize: int64(db.Info().PageSize),
@@ -278,8 +284,9 @@ func Open(path string, o Options) (*Journal, Recovery, error) {
 		close(j.stop)
 		return j, rec, nil
 	}
-	j.wg.Add(2)
+	j.wg.Add(3)
 	go j.writer()
+	go j.settler()
 	go j.compactor()
 	return j, rec, nil
 }
@@ -411,7 +418,7 @@ func (r *request) free() {
 	if cap(r.recs) > len(r.inline) {
 		r.recs = nil // a large one's own array goes with it
 	}
-	r.recs, r.wait, r.key = nil, nil, Key{}
+	r.recs, r.wait, r.then, r.key = nil, nil, nil, Key{}
 	requests.Put(r)
 }
 

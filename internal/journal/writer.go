@@ -16,7 +16,9 @@ import (
 // the ones queued before it.
 func (j *Journal) writer() {
 	defer j.wg.Done()
+	defer j.thens.close()
 	batch := make([]*request, 0, 64)
+	var calls []thenCall
 	var next *request // taken from the queue but left for the next batch
 	for {
 		first := next
@@ -80,11 +82,20 @@ func (j *Journal) writer() {
 			}
 		}
 		for _, r := range batch {
-			if r.wait != nil {
+			switch {
+			case r.wait != nil:
 				r.wait <- err // its caller frees it, if pooled
-			} else {
+			case r.then != nil:
+				calls = append(calls, thenCall{r.then, err})
+				r.free()
+			default:
 				r.free()
 			}
+		}
+		if len(calls) > 0 {
+			j.thens.push(calls)
+			clear(calls)
+			calls = calls[:0]
 		}
 	}
 }
@@ -103,7 +114,7 @@ func (j *Journal) gather(batch []*request, n int) ([]*request, *request) {
 	var linger <-chan time.Time
 	waited := false
 	for _, r := range batch {
-		waited = waited || r.wait != nil
+		waited = waited || r.waited()
 	}
 	for n < j.o.MaxBatch {
 		var r *request
@@ -137,7 +148,7 @@ func (j *Journal) gather(batch []*request, n int) ([]*request, *request) {
 		}
 		batch = append(batch, r)
 		n += len(r.recs)
-		if r.wait != nil && !waited {
+		if r.waited() && !waited {
 			// Somebody waits now: from here on this is a batch like any,
 			// which takes what is queued and lingers only after a busy one.
 			waited, linger = true, nil
@@ -146,6 +157,10 @@ func (j *Journal) gather(batch []*request, n int) ([]*request, *request) {
 	return batch, nil
 }
 
+// waited reports whether somebody waits for r's commit: Append's caller, or
+// AppendThen's callback.
+func (r *request) waited() bool { return r.wait != nil || r.then != nil }
+
 // defaultAsyncDelay is Options.AsyncDelay when it is zero.
 const defaultAsyncDelay = 5 * time.Millisecond
 
@@ -153,7 +168,7 @@ const defaultAsyncDelay = 5 * time.Millisecond
 // own, but queued records nobody waits for (AppendAsync) ride along with the
 // next transaction instead of costing an fsync each.
 func (j *Journal) gatherAsync(batch []*request, n int) ([]*request, *request) {
-	if batch[len(batch)-1].wait != nil {
+	if batch[len(batch)-1].waited() {
 		return batch, nil // a waited request closes the transaction
 	}
 	for n < j.o.MaxBatch {
@@ -172,7 +187,7 @@ func (j *Journal) gatherAsync(batch []*request, n int) ([]*request, *request) {
 		}
 		batch = append(batch, r)
 		n += len(r.recs)
-		if r.wait != nil {
+		if r.waited() {
 			return batch, nil
 		}
 	}
