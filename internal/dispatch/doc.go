@@ -2,6 +2,12 @@
 // the app, asks the budget for a decision, transfers retry and dead-letter
 // copies, and settles the source only after the copy is confirmed.
 //
+// A delivery's walk runs on a pooled goroutine from its arrival to its
+// answer. A success then goes to the journal with the rest of its walk (the
+// ack, the end of the walk) as a callback the commit runs, so that no
+// goroutine is parked per record waiting on the disk; a retry or
+// dead-letter copy is published and confirmed by the walk itself.
+//
 // It owns the small interfaces it needs (Source, Transferer, Deliverer) and
 // never imports a concrete broker; cmd/sidecar wires adapters into Routes.
 //

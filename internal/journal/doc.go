@@ -33,8 +33,11 @@
 //
 // Writes are group-committed: one goroutine batches records from every caller
 // into one bbolt transaction (one fsync), and Append returns once the batch
-// holding its records is durable. AppendAsync queues records without waiting;
-// they wait up to Options.AsyncDelay for a commit that somebody waits on.
+// holding its records is durable. AppendThen is Append without the wait: its
+// callback runs once the batch is durable, after the commit, in commit order,
+// on a goroutine of the journal's own (the engine hands a success's ack to
+// it). AppendAsync queues records nobody waits for; they wait up to
+// Options.AsyncDelay for a commit that somebody waits on.
 //
 // The log's oldest values are dropped once their newest record is older
 // than Options.Retention, and while the file's live data (its pages in use,
