@@ -311,8 +311,10 @@ func (e *Engine) walk(w *walk) {
 			return
 		}
 	}
-	h := &handoff{e: e, r: w.r, d: w.d, msg: w.msg, retry: w.msg.Copy, intake: w.intake,
-		leave: w.leave, openSet: w.open, openID: w.id}
+	ws := new(walkState)
+	h := &ws.h
+	*h = handoff{e: e, r: w.r, d: w.d, msg: w.msg, retry: w.msg.Copy, intake: w.intake,
+		leave: w.leave, openSet: w.open, openID: w.id, space: &ws.space, room: ws.space.recs[:]}
 	h.run(w.work)
 	if !h.later {
 		h.ended()

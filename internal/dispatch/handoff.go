@@ -59,8 +59,8 @@ type handoff struct {
 	rootTrace, rootState string
 
 	// space holds the walk's usual journal records (room is what is left
-	// of them) and its first request, made on first use (see records and
-	// request).
+	// of them) and its first request (see records and request): with the
+	// handoff itself in a walkState, or made on first use.
 	space   *walkSpace
 	room    []journal.Record
 	reqUsed bool
@@ -73,6 +73,7 @@ type handoff struct {
 	openSet *openSet
 	openID  uint64
 	later   bool
+	ctx     context.Context // the walk's, for Committed
 }
 
 // ended releases what the walk held: the last thing a walk does, on its
@@ -91,6 +92,13 @@ func (h *handoff) ended() {
 type walkSpace struct {
 	recs [4]journal.Record
 	req  handler.Request
+}
+
+// walkState is a walk's handoff and its space, in one allocation: the
+// handoff outlives its goroutine's walk when settleLater hands it over.
+type walkState struct {
+	h     handoff
+	space walkSpace
 }
 
 func (h *handoff) walkSpace() *walkSpace {

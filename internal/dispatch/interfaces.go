@@ -67,7 +67,7 @@ type Journal interface {
 // laterJournal is a Journal that can call back once records are durable
 // (journal.Journal.AppendThen), so that a walk need not park waiting.
 type laterJournal interface {
-	AppendThen(k journal.Key, then func(error), recs ...journal.Record)
+	AppendThen(k journal.Key, then journal.Then, recs ...journal.Record)
 }
 
 // Route is one configured source: its intakes (the source itself and the

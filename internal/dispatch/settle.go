@@ -107,15 +107,19 @@ func (h *handoff) settleLater(ctx context.Context, outcome []journal.Record) boo
 	if len(batch) == 0 {
 		return false
 	}
-	h.later = true
-	later.AppendThen(h.key, func(err error) {
-		defer h.ended()
-		if !h.committed(ctx, err) || h.fault(WindowHandled) {
-			return
-		}
-		h.settle("handled")
-	}, batch...)
+	h.later, h.ctx = true, ctx
+	later.AppendThen(h.key, h, batch...)
 	return true
+}
+
+// Committed is the rest of a walk settleLater handed to the journal: the
+// ack, once the outcome is durable, and the walk's end. ctx is the walk's.
+func (h *handoff) Committed(err error) {
+	defer h.ended()
+	if !h.committed(h.ctx, err) || h.fault(WindowHandled) {
+		return
+	}
+	h.settle("handled")
 }
 
 // journal appends recs and waits for them to be durable. When that fails the

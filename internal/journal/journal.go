@@ -197,7 +197,7 @@ type request struct {
 	// wait is where the commit's error goes; nil: nobody waits.
 	wait chan error
 	// then, when set, is called with the commit's error (AppendThen).
-	then func(error)
+	then Then
 	// done is wait's channel, kept with a pooled request while it is not
 	// waited on.
 	done chan error

@@ -5,6 +5,19 @@ import (
 	"sync"
 )
 
+// Then is what AppendThen calls back: an interface, not a func, so that a
+// caller whose state is already on the heap passes it without allocating a
+// closure.
+type Then interface {
+	Committed(err error)
+}
+
+// ThenFunc is a func as a Then.
+type ThenFunc func(error)
+
+// Committed calls f.
+func (f ThenFunc) Committed(err error) { f(err) }
+
 // AppendThen queues recs, as AppendAsync does, and calls then with the
 // commit's result once they are durable (or could not be written): on a
 // goroutine of the journal's own, after the commit, in commit order, one call
@@ -13,19 +26,19 @@ import (
 // not wait on a commit of its own: the goroutine it runs on is the one that
 // answers the next commit's). Should the journal already refuse records,
 // then is called at once, on the caller's goroutine.
-func (j *Journal) AppendThen(k Key, then func(error), recs ...Record) {
+func (j *Journal) AppendThen(k Key, then Then, recs ...Record) {
 	req := newRecords(k, recs, false)
 	req.then = then
 	if err := j.enqueue(context.Background(), req); err != nil {
 		req.free()
-		then(err)
+		then.Committed(err)
 	}
 }
 
 // thenCall is an AppendThen callback with its commit's result.
 type thenCall struct {
-	fn  func(error)
-	err error
+	then Then
+	err  error
 }
 
 // thens are the callbacks of committed requests, waiting for the settler.
@@ -74,7 +87,7 @@ func (j *Journal) settler() {
 		closed := t.closed
 		t.mu.Unlock()
 		for i := range run {
-			run[i].fn(run[i].err)
+			run[i].then.Committed(run[i].err)
 			run[i] = thenCall{}
 		}
 		if len(run) == 0 {

@@ -24,7 +24,7 @@ func TestAppendThenCallsBackAfterTheCommit(t *testing.T) {
 	for i := range n {
 		wg.Add(1)
 		k := Key{Source: "s", EventID: fmt.Sprint(i)}
-		j.AppendThen(k, func(err error) {
+		j.AppendThen(k, ThenFunc(func(err error) {
 			defer wg.Done()
 			if err != nil {
 				t.Errorf("event %d: %v", i, err)
@@ -39,7 +39,7 @@ func TestAppendThenCallsBackAfterTheCommit(t *testing.T) {
 			order = append(order, i)
 			mu.Unlock()
 			j.AppendAsync(k, Record{Kind: Settled, Detail: "handled"})
-		}, Record{Kind: Received})
+		}), Record{Kind: Received})
 	}
 	wg.Wait()
 	for i := range order {
@@ -73,7 +73,7 @@ func TestAppendThenOnAClosedJournal(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got error
-	j.AppendThen(Key{Source: "s", EventID: "e"}, func(err error) { got = err }, Record{Kind: Received})
+	j.AppendThen(Key{Source: "s", EventID: "e"}, ThenFunc(func(err error) { got = err }), Record{Kind: Received})
 	if !errors.Is(got, ErrClosed) {
 		t.Fatalf("callback on a closed journal: %v, want ErrClosed", got)
 	}
