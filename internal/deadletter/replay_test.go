@@ -191,10 +191,12 @@ func TestReplayPublishesApprovedAtItsRate(t *testing.T) {
 			t.Fatalf("copy of %s: %+v", id, c)
 		}
 	}
-	// After the sample, the rest go at the run's rate: 40/s (a delayed
-	// publish may catch up one slot).
+	// After the sample, the rest go at the run's rate: 40/s. They are
+	// timed where the app receives them, so a publish delayed on a busy
+	// machine arrives late and the ones behind it catch up its slot: two
+	// slots of slack (unlimited, the seven would arrive within a few ms).
 	rest := got[3:]
-	if span := rest[len(rest)-1].at.Sub(rest[0].at); span < time.Duration(len(rest)-2)*25*time.Millisecond*9/10 {
+	if span := rest[len(rest)-1].at.Sub(rest[0].at); span < time.Duration(len(rest)-3)*25*time.Millisecond*9/10 {
 		t.Fatalf("%d copies in %v: faster than 40/s", len(rest), span)
 	}
 	c, _ := m.Counts("orders")
