@@ -64,21 +64,14 @@ func TestCertsRenewalKeepsTheCA(t *testing.T) {
 	if fi, err := os.Stat(filepath.Join(in.dir, "ca.key")); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("ca.key: %v, mode %v; want it readable by its owner only", err, fi.Mode().Perm())
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	waitUntil(t, 30*time.Second, "the renewed certificate to be served", func() bool {
 		// Every handshake of the switch verifies with the bundle as it was.
 		serial, err := servedSerial(t, in, bundle)
 		if err != nil {
 			t.Fatalf("during the renewal the unchanged caBundle did not verify the injector: %v", err)
 		}
-		if serial != before {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the renewed certificate was not served within 30s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return serial != before
+	}, nil)
 }
 
 // A new CA is bundled with the old: a caBundle of the new ca.crt verifies
@@ -104,20 +97,13 @@ func TestCertsRotateCABundlesTheOld(t *testing.T) {
 	if err != nil || len(cas) != 2 {
 		t.Fatalf("ca.crt holds %d CAs (%v), want the new and the old", len(cas), err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	waitUntil(t, 30*time.Second, "the new certificate to be served", func() bool {
 		serial, err := servedSerial(t, in, bundle)
 		if err != nil {
 			t.Fatalf("the bundle does not verify what the injector serves during the switch: %v", err)
 		}
-		if serial != before {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the new certificate was not served within 30s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return serial != before
+	}, nil)
 	if _, err := servedSerial(t, in, oldCA); err == nil {
 		t.Error("the old CA alone verifies the new certificate")
 	}

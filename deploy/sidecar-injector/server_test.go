@@ -227,19 +227,13 @@ func TestWebhookReloadsRotatedCertificate(t *testing.T) {
 		t.Fatal(err)
 	}
 	fresh := trusting(t, in.currentCA(t))
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, err := fresh.Get(in.url + "/healthz")
+	waitUntil(t, 30*time.Second, "the new certificate to be served", func() bool {
+		resp, err := fresh.Get(in.url + "/healthz")
 		if err == nil {
-			break
+			resp.Body.Close()
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the new certificate was not served within 30s: %v", err)
-		}
-		// The files' times may equal the old ones within the clock's
-		// step; the next write moves them on.
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err == nil
+	}, nil)
 	if _, err := old.Get(in.url + "/healthz"); err == nil {
 		t.Error("the old CA alone still verifies: the old certificate is still served")
 	}
@@ -362,15 +356,15 @@ func TestWebhookReloadsConfig(t *testing.T) {
 		t.Fatalf("image %q, want the config's", got)
 	}
 	write("image: registry.example/handoff/sidecar:1.1.0\nlogLevel: debug\n")
-	deadline := time.Now().Add(30 * time.Second)
-	for image() != "registry.example/handoff/sidecar:1.1.0" {
-		if time.Now().After(deadline) {
-			t.Fatal("the changed config was not used within 30s")
+	waitUntil(t, 30*time.Second, "the changed config to be used", func() bool {
+		if image() == "registry.example/handoff/sidecar:1.1.0" {
+			return true
 		}
-		// The file's time may equal the old one within the clock's step.
-		time.Sleep(20 * time.Millisecond)
+		// The file's time may equal the old one within the clock's step:
+		// the next write moves it on.
 		write(fmt.Sprintf("image: registry.example/handoff/sidecar:1.1.0\nlogLevel: debug\n# %d\n", time.Now().UnixNano()))
-	}
+		return false
+	}, &logs)
 	write("image: registry.example/handoff/sidecar:2.0.0\nno-such-key: 1\n")
 	waitUntil(t, 30*time.Second, "the bad config's warning", func() bool {
 		_ = image()

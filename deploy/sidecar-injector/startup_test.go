@@ -197,12 +197,17 @@ func (k *kubelet) probe(name string, p *corev1.Probe) time.Duration {
 	return 0
 }
 
+// waitUntil polls cond until it holds, failing the test after timeout with
+// log, when there is one.
 func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool, log fmt.Stringer) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s; sidecar log:\n%s", timeout, what, log)
+			if log == nil {
+				t.Fatalf("timed out after %v waiting for %s", timeout, what)
+			}
+			t.Fatalf("timed out after %v waiting for %s; log:\n%s", timeout, what, log)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
