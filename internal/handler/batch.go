@@ -4,9 +4,8 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,6 +20,9 @@ import (
 
 // BatchContentType is the CloudEvents batched content mode's media type.
 const BatchContentType = "application/cloudevents-batch+json"
+
+// batchContentTypes is a batch request's Content-Type header value.
+var batchContentTypes = []string{BatchContentType}
 
 // maxBatchResponse bounds the response body read for the per-event outcomes.
 const maxBatchResponse = 16 << 20
@@ -285,26 +287,42 @@ func (b *Batcher) post(batch []*pending) (each []Result, whole Result, split boo
 	return b.t.SendBatch(ctx, reqs)
 }
 
+// batchTimeout is a batch call's time: until ctx's deadline, or
+// noDeadlineBatch without one.
+func batchTimeout(ctx context.Context) time.Duration {
+	if d, ok := ctx.Deadline(); ok {
+		return time.Until(d)
+	}
+	return noDeadlineBatch
+}
+
+// noDeadlineBatch bounds a batch call whose context has no deadline.
+const noDeadlineBatch = time.Minute
+
 // SendBatch POSTs reqs in CloudEvents batched mode.
 func (h *HTTP) SendBatch(ctx context.Context, reqs []*Request) (each []Result, whole Result, split bool) {
 	body := encodeBatch(reqs)
-	req := h.newRequest(ctx, body, http.Header{"Content-Type": {BatchContentType}})
-	h.authorize(req)
-	resp, err := h.tr.RoundTrip(req)
+	c := getCallState()
+	defer putCallState(c)
+	c.header["Content-Type"] = batchContentTypes
+	a, err := h.post(ctx, batchTimeout(ctx), c.header, body, maxBatchResponse+1, evidenceLen, c)
 	if err != nil {
 		res := Result{Outcome: transportOutcome(err), Detail: errorDetail(err)}
 		return nil, res, bisects(res.Outcome)
 	}
-	data, readErr := io.ReadAll(io.LimitReader(resp.Body, maxBatchResponse))
-	_ = resp.Body.Close()
 	end := h.now()
-	if resp.StatusCode/100 != 2 {
-		o, after := h.classifier.Response(resp.StatusCode, resp.Header, end)
-		res := Result{Outcome: o, Status: resp.StatusCode, RetryAfter: after, Detail: "HTTP " + strconv.Itoa(resp.StatusCode)}
-		if ev := strings.TrimSpace(string(data[:min(len(data), evidenceLen)])); ev != "" {
+	if a.status/100 != 2 {
+		o, after := h.classifier.Answer(a.status, a.outcome, a.retryAfter, end)
+		res := Result{Outcome: o, Status: a.status, RetryAfter: after, Detail: "HTTP " + strconv.Itoa(a.status)}
+		if ev := strings.TrimSpace(string(a.body)); ev != "" {
 			res.Detail += ": " + ev
 		}
 		return nil, res, bisects(res.Outcome)
+	}
+	data := a.body
+	readErr := error(nil)
+	if len(data) > maxBatchResponse {
+		readErr = errors.New("batch response too long")
 	}
 	var parsed struct {
 		Results []batchResult `json:"results"`
@@ -313,7 +331,7 @@ func (h *HTTP) SendBatch(ctx context.Context, reqs []*Request) (each []Result, w
 		// The app took the batch but its answer cannot be read: any event
 		// may have been handled. Not split: an app that does not speak the
 		// batch format would answer every part the same.
-		return nil, Result{Outcome: budget.Unknown, Status: resp.StatusCode, Detail: "batch response unreadable: want {\"results\": [...]}"}, false
+		return nil, Result{Outcome: budget.Unknown, Status: a.status, Detail: "batch response unreadable: want {\"results\": [...]}"}, false
 	}
 	byID := make(map[string]batchResult, len(parsed.Results))
 	for _, r := range parsed.Results {
@@ -326,11 +344,11 @@ func (h *HTTP) SendBatch(ctx context.Context, reqs []*Request) (each []Result, w
 	for i, req := range reqs {
 		r, ok := byID[wireID(req.EventID)]
 		if res, matched := matchResult(ok, r.twice); !matched {
-			res.Status = resp.StatusCode
+			res.Status = a.status
 			each[i] = res
 			continue
 		}
-		each[i] = h.eventResult(r, resp.StatusCode, end, 0)
+		each[i] = h.eventResult(r, a.status, end, 0)
 	}
 	return each, Result{}, false
 }

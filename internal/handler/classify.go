@@ -82,14 +82,20 @@ func (c *Classifier) Status(code int) budget.Outcome {
 // Response classifies a response: the app's Handoff-Outcome header wins over
 // the status; Retry-After is read for any outcome that schedules a retry.
 func (c *Classifier) Response(code int, h http.Header, now time.Time) (budget.Outcome, time.Duration) {
+	return c.Answer(code, h.Get("Handoff-Outcome"), h.Get("Retry-After"), now)
+}
+
+// Answer is Response given the answer's Handoff-Outcome and Retry-After
+// values (empty when absent).
+func (c *Classifier) Answer(code int, outcome, retryAfter string, now time.Time) (budget.Outcome, time.Duration) {
 	o := c.Status(code)
-	if v := h.Get("Handoff-Outcome"); v != "" {
+	if v := outcome; v != "" {
 		if declared, ok := budget.ParseOutcome(strings.ToLower(strings.TrimSpace(v))); ok {
 			o = declared
 		}
 	}
 	var after time.Duration
-	if v := h.Get("Retry-After"); v != "" {
+	if v := retryAfter; v != "" {
 		after = ParseRetryAfter(v, now)
 	}
 	return o, after

@@ -1,17 +1,20 @@
 package handler
 
 import (
-	"bytes"
 	"context"
+	"crypto/tls"
+	"encoding/base64"
 	"errors"
 	"fmt"
-	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/budget"
@@ -65,19 +68,18 @@ type HTTPOptions struct {
 // HTTP delivers messages with POST in CloudEvents binary content mode. It is
 // safe for concurrent use.
 type HTTP struct {
-	// target is the request URL, parsed once and shared by every call: it
-	// is only read, by the transport as by this client.
-	target        *url.URL
-	network, addr string // tcp host:port or unix path, for Probe
-	// tr makes the calls. Not through an http.Client: a redirect is the
-	// app's answer, classified like any other (3xx is permanent by default),
-	// and following it would turn the POST into a GET elsewhere and ack a
-	// message the app never saw; and Client.Do copies every request's
-	// headers in case it has to follow one.
-	tr         *http.Transport
-	user       *url.Userinfo // from the URL, sent as basic auth
-	classifier *Classifier
-	now        func() time.Time
+	// hc keeps the connections to the app (see call.go). A redirect is the
+	// app's answer, classified like any other (3xx is permanent by
+	// default): following it would turn the POST into a GET elsewhere and
+	// ack a message the app never saw.
+	hc *fasthttp.HostClient
+	// head is every request's line and Host, made once.
+	head          []byte
+	network, addr string      // tcp host:port or unix path, for Probe
+	auth          string      // the URL's user and password, as basic auth
+	tls           *tls.Config // https: verified against the system roots
+	classifier    *Classifier
+	now           func() time.Time
 }
 
 // evidenceLen bounds how much of a failed response body is kept.
@@ -86,6 +88,9 @@ const evidenceLen = 256
 // drainLimit is how much of a response body is read so its connection can be
 // reused; a longer body costs a new connection instead.
 const drainLimit = 64 << 10
+
+// dialTimeout bounds a connection's set-up, within the call's own timeout.
+const dialTimeout = 5 * time.Second
 
 // NewHTTP returns a client for the app at o.URL: http://, https://, or
 // http+unix:///path/app.sock (see ParseURL).
@@ -102,39 +107,49 @@ func NewHTTP(o HTTPOptions) (*HTTP, error) {
 		return nil, fmt.Errorf("handler url: %s is not an HTTP handler", redact.URL(o.URL))
 	}
 	target := o.URL
-	n := max(o.MaxConcurrency, 1)
-	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
-	dial := dialer.DialContext
 	if tg.Network == "unix" {
 		// Every request goes to the socket, whatever its URL says; the URL
 		// keeps only the request's path, under a placeholder host.
 		target = "http://localhost" + tg.Path
-		dial = func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return dialer.DialContext(ctx, "unix", tg.Addr)
-		}
 	}
-	// Parsed and normalized as http.NewRequest does on every call.
+	// Parsed and normalized as http.NewRequest does.
 	tmpl, err := http.NewRequest(http.MethodPost, target, nil)
 	if err != nil {
 		return nil, fmt.Errorf("handler url: %w", redact.Error(err))
 	}
-	tr := &http.Transport{
-		Proxy: nil, // the app is local; never route it through a proxy
-		// Of an answer the sidecar reads at most the evidence and drains
-		// the rest: asking for gzip would only add a header to every call,
-		// a header map the transport makes for it, and work for the app.
-		DisableCompression:  true,
-		DialContext:         dial,
-		MaxIdleConns:        n,
-		MaxIdleConnsPerHost: n,
-		IdleConnTimeout:     90 * time.Second,
-		TLSHandshakeTimeout: 5 * time.Second,
+	h := &HTTP{network: tg.Network, addr: tg.Addr, classifier: o.Classifier, now: time.Now}
+	h.head = fmt.Appendf(nil, "POST %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: handoff\r\n", tmpl.URL.RequestURI(), tmpl.Host)
+	if u.User != nil {
+		pass, _ := u.User.Password()
+		h.auth = "Basic " + base64.StdEncoding.EncodeToString([]byte(u.User.Username()+":"+pass))
 	}
-	return &HTTP{target: tmpl.URL, network: tg.Network, addr: tg.Addr, tr: tr, user: u.User, classifier: o.Classifier, now: time.Now}, nil
+	if tg.TLS {
+		h.tls = &tls.Config{ServerName: tmpl.URL.Hostname(), MinVersion: tls.VersionTLS12}
+	}
+	h.hc = &fasthttp.HostClient{
+		Addr: tg.Addr,
+		// Unbounded, as the concurrency limit bounds the calls: a call
+		// never waits for a connection, it dials one.
+		MaxConns:            math.MaxInt32,
+		MaxIdleConnDuration: 90 * time.Second,
+	}
+	h.hc.DialTimeout = func(_ string, timeout time.Duration) (net.Conn, error) { return h.dial(timeout) }
+	return h, nil
+}
+
+// dial connects to the app, and makes the TLS handshake for https.
+func (h *HTTP) dial(timeout time.Duration) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), min(max(timeout, time.Millisecond), dialTimeout))
+	defer cancel()
+	d := &net.Dialer{KeepAlive: 30 * time.Second}
+	if h.tls == nil {
+		return d.DialContext(ctx, h.network, h.addr)
+	}
+	return (&tls.Dialer{NetDialer: d, Config: h.tls}).DialContext(ctx, h.network, h.addr)
 }
 
 // Close releases idle connections.
-func (h *HTTP) Close() { h.tr.CloseIdleConnections() }
+func (h *HTTP) Close() { h.hc.CloseIdleConnections() }
 
 // Probe reports whether the app accepts connections.
 func (h *HTTP) Probe(ctx context.Context) error {
@@ -150,84 +165,23 @@ func (h *HTTP) Probe(ctx context.Context) error {
 // end is an outcome. The caller tells its own cancellation apart by its ctx.
 func (h *HTTP) Deliver(ctx context.Context, r *Request) Result {
 	start := h.now()
-	ctx, cancel := context.WithTimeout(ctx, r.Timeout)
-	defer cancel()
-	hdr := make(http.Header, headerCap(r)+h.authCap()) // never grown
-	setHeaders(hdr, r)
-	req := h.newRequest(ctx, r.Message.Data(), hdr)
-	h.authorize(req)
-	resp, err := h.tr.RoundTrip(req)
-	if err != nil {
-		return Result{Outcome: transportOutcome(err), Detail: errorDetail(err), Latency: h.now().Sub(start)}
-	}
-	var evidence []byte
-	if resp.Body != http.NoBody {
-		// An answer with no body (Content-Length: 0) has already given its
-		// connection back; any other must be read to its end first.
-		if resp.StatusCode/100 != 2 {
-			evidence, _ = io.ReadAll(io.LimitReader(resp.Body, evidenceLen))
-		}
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
-	}
-	_ = resp.Body.Close()
+	c := getCallState()
+	defer putCallState(c)
+	setHeaders(c.header, r)
+	a, err := h.post(ctx, r.Timeout, c.header, r.Message.Data(), 0, evidenceLen, c)
 	end := h.now()
-	o, after := h.classifier.Response(resp.StatusCode, resp.Header, end)
-	res := Result{Outcome: o, Status: resp.StatusCode, RetryAfter: after, Latency: end.Sub(start)}
+	if err != nil {
+		return Result{Outcome: transportOutcome(err), Detail: errorDetail(err), Latency: end.Sub(start)}
+	}
+	o, after := h.classifier.Answer(a.status, a.outcome, a.retryAfter, end)
+	res := Result{Outcome: o, Status: a.status, RetryAfter: after, Latency: end.Sub(start)}
 	if o != budget.Success {
-		res.Detail = "HTTP " + strconv.Itoa(resp.StatusCode)
-		if len(evidence) > 0 {
-			res.Detail += ": " + strings.TrimSpace(string(evidence))
+		res.Detail = "HTTP " + strconv.Itoa(a.status)
+		if ev := strings.TrimSpace(string(a.body)); ev != "" {
+			res.Detail += ": " + ev
 		}
 	}
 	return res
-}
-
-// newRequest is http.NewRequestWithContext(ctx, POST, target, body) with
-// header, less what that repeats on every call: parsing the URL and making
-// a header map to be replaced. The body stays an io.NopCloser of a
-// *bytes.Reader, which the transport knows is in memory: it sends
-// Content-Length and writes the head and body together, and GetBody lets it
-// send the request again on a new connection when a pooled one turns out to
-// be closed before anything was written.
-func (h *HTTP) newRequest(ctx context.Context, body []byte, header http.Header) *http.Request {
-	req := &http.Request{
-		Method:     http.MethodPost,
-		URL:        h.target,
-		Proto:      "HTTP/1.1",
-		ProtoMajor: 1,
-		ProtoMinor: 1,
-		Header:     header,
-		Host:       h.target.Host,
-	}
-	if len(body) == 0 {
-		req.Body = http.NoBody
-		req.GetBody = noBody
-	} else {
-		req.ContentLength = int64(len(body))
-		req.Body = io.NopCloser(bytes.NewReader(body))
-		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-	}
-	return req.WithContext(ctx)
-}
-
-func noBody() (io.ReadCloser, error) { return http.NoBody, nil }
-
-// authCap is how many headers authorize may add.
-func (h *HTTP) authCap() int {
-	if h.user == nil {
-		return 0
-	}
-	return 1
-}
-
-// authorize sends the URL's user and password as basic auth, as http.Client
-// would, unless the request carries its own Authorization.
-func (h *HTTP) authorize(req *http.Request) {
-	if h.user == nil || req.Header.Get("Authorization") != "" {
-		return
-	}
-	pass, _ := h.user.Password()
-	req.SetBasicAuth(h.user.Username(), pass)
 }
 
 // errorDetail is the evidence kept for a call that failed without an answer.
