@@ -166,3 +166,41 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// An app on a unix socket gets the request at the URL's path, with the
+// placeholder host, over one reused connection.
+func TestDeliverOverAUnixSocket(t *testing.T) {
+	path := t.TempDir() + "/app.sock"
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns atomic.Int64
+	seen := make(chan string, 4)
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			body, _ := io.ReadAll(r.Body)
+			seen <- r.Method + " " + r.Host + " " + r.URL.RequestURI() + " " + string(body)
+		}),
+		ConnState: func(_ net.Conn, s http.ConnState) {
+			if s == http.StateNew {
+				conns.Add(1)
+			}
+		},
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+
+	h := newClient(t, "http+unix://"+path+":/events?v=1", 1)
+	for i := range 2 {
+		if res := h.Deliver(context.Background(), request(&broker.Message{Body: []byte("hello")})); res.Outcome != budget.Success {
+			t.Fatalf("call %d: %+v", i, res)
+		}
+		if got, want := <-seen, "POST localhost /events?v=1 hello"; got != want {
+			t.Errorf("call %d: the app saw %q, want %q", i, got, want)
+		}
+	}
+	if got := conns.Load(); got != 1 {
+		t.Errorf("%d connections for two calls in a row, want 1", got)
+	}
+}
