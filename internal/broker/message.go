@@ -86,6 +86,15 @@ type Fenced interface {
 	Durable() <-chan struct{}
 }
 
+// Answered is a Delivery whose broker can take another in its place once
+// the app has answered it and only the commit of its outcome is left before
+// its Ack: a Kafka record, whose window of records in flight is the
+// sidecar's own. Answered is called at most once, before Ack, and only when
+// nothing more is wanted of the message but its Ack or Release.
+type Answered interface {
+	Answered()
+}
+
 // Destination names where a copy goes.
 type Destination struct {
 	// DeadLetter selects the dead-letter destination; otherwise the copy goes

@@ -108,6 +108,11 @@ func (h *handoff) settleLater(ctx context.Context, outcome []journal.Record) boo
 		return false
 	}
 	h.later, h.ctx = true, ctx
+	if a, ok := h.d.(broker.Answered); ok {
+		// Only the commit is left before the ack: the broker may hand out
+		// another message in this one's place while it runs.
+		a.Answered()
+	}
 	later.AppendThen(h.key, h, batch...)
 	return true
 }

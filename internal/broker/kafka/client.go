@@ -34,8 +34,11 @@ type Options struct {
 	// Ordering is "none", "key" (records of one key one at a time, in
 	// order) or "partition" (records of one partition one at a time).
 	Ordering string
-	// MaxInFlight bounds records handed out and not yet settled: Kafka has
-	// no prefetch, so this is what holds intake back. Zero means 256.
+	// MaxInFlight bounds records handed out and not yet answered: Kafka
+	// has no prefetch, so this is what holds intake back. Zero means 256.
+	// A record the app has answered whose outcome is being committed
+	// (Answered) leaves this window; up to answeredFactor times as many
+	// wait so, which rides out a slow commit without stopping intake.
 	MaxInFlight int
 	// FetchMaxBytes bounds one fetch; zero keeps the client's default
 	// (50 MiB). The client buffers one fetch at a time: Consume takes only
@@ -85,7 +88,8 @@ type Client struct {
 	cl    *kgo.Client
 	log   *slog.Logger
 	now   func() time.Time
-	sem   chan struct{}
+	sem   chan struct{} // a slot for each record handed out and not answered
+	held  chan struct{} // a slot for each record handed out and not settled
 	retry map[string]bool // retry topics
 
 	txn *committer // nil unless transactional
@@ -127,6 +131,10 @@ type partition struct {
 	handedBefore, markTarget int64
 	markPending              <-chan struct{}
 	markDurable              atomic.Int64
+	// ahead is how far the last mark went past the record it was set at,
+	// markTop, at markAt (nextAhead); the poll loop's.
+	ahead, markTop int64
+	markAt         time.Time
 
 	mu  sync.Mutex
 	out map[*delivery]struct{} // handed out, neither acked nor released
@@ -149,18 +157,26 @@ func (p *partition) outstanding() int {
 	return len(p.out)
 }
 
-// finish takes d off the partition's outstanding set and frees its in-flight
-// slot; it reports false when d was finished already.
-func (p *partition) finish(d *delivery, sem chan struct{}) bool {
+// finish takes d off the partition's outstanding set and frees its slots;
+// it reports false when d was finished already.
+func (p *partition) finish(d *delivery, c *Client) bool {
 	p.mu.Lock()
 	_, ok := p.out[d]
 	delete(p.out, d)
 	p.mu.Unlock()
 	if ok {
-		<-sem
+		d.answer()
+		<-c.held
 	}
 	return ok
 }
+
+// answeredFactor is how many records answered and waiting for their
+// outcome's commit may be held for each of MaxInFlight: a commit that
+// stalls on the disk for a few hundred milliseconds at thousands of records
+// a second is ridden out without stopping intake, and the wait's memory
+// stays bounded (the record and its walk, about 3 KB for a 1 KiB message).
+const answeredFactor = 16
 
 // New builds a client; nothing is consumed until Consume.
 func New(o Options) (*Client, error) {
@@ -181,6 +197,7 @@ func New(o Options) (*Client, error) {
 		log:    o.Logger.With("source", o.Name, "topic", o.Topic, "group", o.Group),
 		now:    o.Now,
 		sem:    make(chan struct{}, o.MaxInFlight),
+		held:   make(chan struct{}, answeredFactor*o.MaxInFlight),
 		retry:  map[string]bool{},
 		parts:  map[topicPartition]*partition{},
 		closed: make(chan struct{}),
@@ -254,7 +271,7 @@ func (c *Client) assigned(_ context.Context, _ *kgo.Client, assigned map[string]
 	for topic, ps := range assigned {
 		for _, p := range ps {
 			tp := topicPartition{topic, p}
-			st := &partition{tp: tp, lost: make(chan struct{}), out: map[*delivery]struct{}{}, committed: -1, handedBefore: -1, markTarget: -1}
+			st := &partition{tp: tp, lost: make(chan struct{}), out: map[*delivery]struct{}{}, committed: -1, handedBefore: -1, markTarget: -1, ahead: c.markAhead()}
 			st.markDurable.Store(-1)
 			if c.o.Marks != nil {
 				if v, ok, err := c.o.Marks.Mark(c.markName(tp)); err != nil {
@@ -314,7 +331,7 @@ func (c *Client) revoked(ctx context.Context, cl *kgo.Client, revoked map[string
 		}
 		p.mu.Unlock()
 		for _, d := range abandoned {
-			p.finish(d, c.sem)
+			p.finish(d, c)
 		}
 	}
 	if c.txn != nil {
@@ -345,7 +362,7 @@ func (c *Client) Consume(ctx context.Context, deliver func(broker.Delivery)) err
 		// buffered in the client, which fetches no more until they are
 		// taken, so memory holds one fetch, not one being handed out and
 		// the next.
-		fetches := c.cl.PollRecords(ctx, max(cap(c.sem)-len(c.sem), 1))
+		fetches := c.cl.PollRecords(ctx, max(min(cap(c.sem)-len(c.sem), cap(c.held)-len(c.held)), 1))
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -384,8 +401,15 @@ func (c *Client) Consume(ctx context.Context, deliver func(broker.Delivery)) err
 					}
 				}
 				select {
+				case c.held <- struct{}{}:
+				case <-ctx.Done():
+					stop = true
+					return
+				}
+				select {
 				case c.sem <- struct{}{}:
 				case <-ctx.Done():
+					<-c.held
 					stop = true
 					return
 				}
@@ -402,6 +426,7 @@ func (c *Client) Consume(ctx context.Context, deliver func(broker.Delivery)) err
 				if st.isLost() {
 					st.mu.Unlock()
 					<-c.sem
+					<-c.held
 					return
 				}
 				st.out[d] = struct{}{}
@@ -487,7 +512,7 @@ func (c *Client) Ping(ctx context.Context) error { return c.cl.Ping(ctx) }
 
 // settle marks d done and moves its partition's commit mark.
 func (c *Client) settle(d *delivery) {
-	if !d.st.finish(d, c.sem) {
+	if !d.st.finish(d, c) {
 		return
 	}
 	next, epoch, moved := d.st.wm.settle(d.r.Offset)

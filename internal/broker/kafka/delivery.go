@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"strconv"
+	"sync/atomic"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -19,12 +20,27 @@ type delivery struct {
 	msg broker.Message
 	// durable is closed once the poll's handed-out marks are written.
 	durable <-chan struct{}
+	// answered is set once the record left the window of MaxInFlight.
+	answered atomic.Bool
 }
 
 var (
 	_ broker.Delivery = (*delivery)(nil)
 	_ broker.Fenced   = (*delivery)(nil)
+	_ broker.Answered = (*delivery)(nil)
 )
+
+// Answered frees the record's slot in the window of MaxInFlight: the app
+// has answered, and the record waits only for its outcome's commit before
+// its Ack. It stays unsettled (its offset is not committed) until then.
+func (d *delivery) Answered() { d.answer() }
+
+// answer frees d's in-flight slot, once.
+func (d *delivery) answer() {
+	if d.answered.CompareAndSwap(false, true) {
+		<-d.c.sem
+	}
+}
 
 // Durable is closed once the record's handed-out mark is in the journal.
 func (d *delivery) Durable() <-chan struct{} { return d.durable }
@@ -80,7 +96,7 @@ func (d *delivery) Ack() error {
 // Release leaves the record unsettled: it holds its partition's commit and
 // is consumed again by the partition's next owner.
 func (d *delivery) Release() error {
-	d.st.finish(d, d.c.sem)
+	d.st.finish(d, d.c)
 	return nil
 }
 

@@ -456,6 +456,88 @@ func TestTakesOnlyWhatItCanHandOut(t *testing.T) {
 	}
 }
 
+// Records the app has answered, waiting only for their outcome's commit,
+// leave the window of MaxInFlight: more are handed out in their place, up to
+// answeredFactor windows held in all, and none of them is committed before
+// its Ack.
+func TestAnsweredRecordsLeaveTheWindowButHoldTheCommit(t *testing.T) {
+	addrs := cluster(t, "orders")
+	const window, total = 4, 4 * (answeredFactor + 2)
+	var recs []*kgo.Record
+	for i := range total {
+		recs = append(recs, &kgo.Record{Topic: "orders", Value: []byte(strconv.Itoa(i))})
+	}
+	produce(t, addrs, recs...)
+	c := newClientWith(t, Options{Brokers: addrs, Topic: "orders", MaxInFlight: window, RevokeTimeout: time.Millisecond})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	got := make(chan broker.Delivery, total)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = c.Consume(ctx, func(d broker.Delivery) { got <- d })
+	}()
+	defer func() { cancel(); <-done; _ = c.Close() }()
+
+	take := func(n int) []broker.Delivery {
+		var ds []broker.Delivery
+		for range n {
+			select {
+			case d := <-got:
+				ds = append(ds, d)
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%d of %d deliveries", len(ds), n)
+			}
+		}
+		return ds
+	}
+	nothingMore := func(why string) {
+		select {
+		case d := <-got:
+			t.Fatalf("%s, yet %s was handed out", why, d.Message().Position)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	var held []broker.Delivery
+	for range answeredFactor {
+		ds := take(window)
+		nothingMore("the window is full of records not answered")
+		for _, d := range ds {
+			d.(broker.Answered).Answered()
+		}
+		held = append(held, ds...)
+	}
+	// answeredFactor windows answered and held: no slot is left, however
+	// many are answered.
+	nothingMore("every held slot is taken")
+	if err := c.cl.CommitMarkedOffsets(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if off := committed(t, addrs, "orders"); off > 0 {
+		t.Fatalf("committed offset %d with nothing acked, want none", off)
+	}
+	for _, d := range held[:window] {
+		if err := d.Ack(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range take(window) {
+		d.(broker.Answered).Answered()
+	}
+	if err := c.cl.CommitMarkedOffsets(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if off := committed(t, addrs, "orders"); off != window {
+		t.Errorf("committed offset %d after the first %d acks, want %d", off, window, window)
+	}
+	// Released after Answered: its slots come back once, not twice.
+	if err := held[window].Release(); err != nil {
+		t.Fatal(err)
+	}
+	take(1)
+	nothingMore("one held slot was freed")
+}
+
 // memMarks is Marks in memory.
 type memMarks struct {
 	mu sync.Mutex
@@ -531,5 +613,33 @@ func TestHandedOutMarkFlagsRedeliveries(t *testing.T) {
 			t.Errorf("record %d: redelivered = %v, want %v", off, m.Redelivered, want)
 		}
 		_ = d.Ack()
+	}
+}
+
+// A partition's mark goes as far past its last record as a second of its
+// recent hand-outs, so that a slow commit of the next mark does not hold
+// calls back: never less than markAhead, never more than the client holds.
+func TestMarkAheadFollowsTheRate(t *testing.T) {
+	c := newClientWith(t, Options{Brokers: cluster(t, "orders"), Topic: "orders", MaxInFlight: 100})
+	t.Cleanup(func() { _ = c.Close() })
+	base, most := c.markAhead(), int64(cap(c.held)+cap(c.sem))
+	st := &partition{}
+	t0 := time.Unix(1000, 0)
+	steps := []struct {
+		top  int64
+		at   time.Duration
+		want int64
+	}{
+		{0, 0, base},                          // no rate known yet
+		{50, time.Second, base},               // 50 a second: less than markAhead
+		{550, 2 * time.Second, 500},           // 500 a second
+		{650, 2100 * time.Millisecond, 1000},  // 1000 a second
+		{5650, 2200 * time.Millisecond, most}, // 50,000 a second: what the client holds
+		{5660, 12 * time.Second, base},        // idle since
+	}
+	for _, s := range steps {
+		if got := c.nextAhead(st, s.top, t0.Add(s.at)); got != s.want {
+			t.Errorf("mark at offset %d after %v: %d ahead, want %d", s.top, s.at, got, s.want)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package kafka
 import (
 	"context"
 	"strconv"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -23,11 +24,31 @@ func (c *Client) markName(tp topicPartition) string {
 }
 
 // markAhead is how far past the last record handed out a partition's mark
-// is set: a mark is written once per so many records, not once a poll, and
-// the next is written while half of them are still ahead, so a call rarely
-// waits for one. After a crash, up to this many records past the last one
-// handed out come flagged redelivered although they never reached the app.
+// is set at least: a mark is written once per so many records, not once a
+// poll, and the next is written while half of them are still ahead, so a
+// call rarely waits for one. After a crash, up to this many records past
+// the last one handed out come flagged redelivered although they never
+// reached the app.
 func (c *Client) markAhead() int64 { return int64(max(c.o.MaxInFlight, 64)) }
+
+// markSpan is how much of a partition's recent rate a mark covers beyond
+// markAhead: a second of records, so that a journal commit held up by the
+// disk for a few hundred milliseconds does not hold the next calls back
+// waiting for the mark.
+const markSpan = time.Second
+
+// nextAhead is how far past top, handed out at now, st's next mark goes:
+// markAhead, or the records st handed out in the last markSpan at the rate
+// since its previous mark, up to the records the client may hold.
+func (c *Client) nextAhead(st *partition, top int64, now time.Time) int64 {
+	ahead := c.markAhead()
+	if el := now.Sub(st.markAt); !st.markAt.IsZero() && el > 0 {
+		recent := float64(top-st.markTop) * markSpan.Seconds() / el.Seconds()
+		ahead = max(ahead, min(int64(recent), int64(cap(c.held)+cap(c.sem))))
+	}
+	st.markAt, st.markTop = now, top
+	return ahead
+}
 
 // markHandedOut starts writing, in one journal commit for the whole poll,
 // the marks of the partitions whose records about to be handed out reach
@@ -36,7 +57,7 @@ func (c *Client) markAhead() int64 { return int64(max(c.o.MaxInFlight, 64)) }
 // write, which the engine waits for before it calls the app, so the commit
 // overlaps the hand-off's own work, and most calls wait for none.
 func (c *Client) markHandedOut(ctx context.Context, fetches kgo.Fetches) {
-	ahead := c.markAhead()
+	now := c.now()
 	var renewed []*partition
 	var marks map[string]int64 // made only on a poll that renews a mark
 	fetches.EachPartition(func(ftp kgo.FetchTopicPartition) {
@@ -56,8 +77,9 @@ func (c *Client) markHandedOut(ctx context.Context, fetches kgo.Fetches) {
 			}
 			top = r.Offset
 		}
-		if top >= 0 && top > st.markTarget-ahead/2 {
-			st.markTarget = top + ahead
+		if top >= 0 && top > st.markTarget-st.ahead/2 {
+			st.ahead = c.nextAhead(st, top, now)
+			st.markTarget = top + st.ahead
 			if marks == nil {
 				marks = map[string]int64{}
 			}
