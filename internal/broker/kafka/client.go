@@ -88,8 +88,8 @@ type Client struct {
 	cl    *kgo.Client
 	log   *slog.Logger
 	now   func() time.Time
-	sem   chan struct{} // a slot for each record handed out and not answered
-	held  chan struct{} // a slot for each record handed out and not settled
+	sem   chan struct{}   // a slot for each record handed out and not answered
+	held  chan struct{}   // a slot for each record handed out and not settled
 	retry map[string]bool // retry topics
 
 	txn *committer // nil unless transactional
