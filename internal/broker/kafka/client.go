@@ -84,13 +84,17 @@ type Options struct {
 // produces copies. Consume runs its poll loop; Transfer may be called
 // concurrently; Close commits and leaves the group.
 type Client struct {
-	o     Options
-	cl    *kgo.Client
-	log   *slog.Logger
-	now   func() time.Time
-	sem   chan struct{}   // a slot for each record handed out and not answered
-	held  chan struct{}   // a slot for each record handed out and not settled
-	retry map[string]bool // retry topics
+	o    Options
+	cl   *kgo.Client
+	log  *slog.Logger
+	now  func() time.Time
+	sem  chan struct{} // a slot for each record handed out and not answered
+	held chan struct{} // a slot for each record handed out and not settled
+	// answeredBytes is what the records answered out of the window hold,
+	// up to maxAnswered.
+	answeredBytes atomic.Int64
+	maxAnswered   int64
+	retry         map[string]bool // retry topics
 
 	txn *committer // nil unless transactional
 	// plain produces replayed copies for a transactional client, whose own
@@ -165,7 +169,7 @@ func (p *partition) finish(d *delivery, c *Client) bool {
 	delete(p.out, d)
 	p.mu.Unlock()
 	if ok {
-		d.answer()
+		d.finished()
 		<-c.held
 	}
 	return ok
@@ -177,6 +181,10 @@ func (p *partition) finish(d *delivery, c *Client) bool {
 // a second is ridden out without stopping intake, and the wait's memory
 // stays bounded (the record and its walk, about 3 KB for a 1 KiB message).
 const answeredFactor = 16
+
+// maxAnsweredBytes bounds the keys and bodies of the records held answered
+// out of the window: with large messages, the window is what bounds memory.
+const maxAnsweredBytes = 16 << 20
 
 // New builds a client; nothing is consumed until Consume.
 func New(o Options) (*Client, error) {
@@ -193,14 +201,15 @@ func New(o Options) (*Client, error) {
 		o.Now = time.Now
 	}
 	c := &Client{
-		o:      o,
-		log:    o.Logger.With("source", o.Name, "topic", o.Topic, "group", o.Group),
-		now:    o.Now,
-		sem:    make(chan struct{}, o.MaxInFlight),
-		held:   make(chan struct{}, answeredFactor*o.MaxInFlight),
-		retry:  map[string]bool{},
-		parts:  map[topicPartition]*partition{},
-		closed: make(chan struct{}),
+		o:           o,
+		log:         o.Logger.With("source", o.Name, "topic", o.Topic, "group", o.Group),
+		now:         o.Now,
+		sem:         make(chan struct{}, o.MaxInFlight),
+		held:        make(chan struct{}, answeredFactor*o.MaxInFlight),
+		maxAnswered: maxAnsweredBytes,
+		retry:       map[string]bool{},
+		parts:       map[topicPartition]*partition{},
+		closed:      make(chan struct{}),
 	}
 	topics := []string{o.Topic}
 	for _, t := range o.Tiers {

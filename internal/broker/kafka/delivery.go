@@ -20,8 +20,11 @@ type delivery struct {
 	msg broker.Message
 	// durable is closed once the poll's handed-out marks are written.
 	durable <-chan struct{}
-	// answered is set once the record left the window of MaxInFlight.
-	answered atomic.Bool
+	// state says whether the record is in the window of MaxInFlight,
+	// answered and out of it (holding bytes of maxAnsweredBytes), or
+	// finished.
+	state atomic.Int32
+	bytes int64
 }
 
 var (
@@ -32,15 +35,41 @@ var (
 
 // Answered frees the record's slot in the window of MaxInFlight: the app
 // has answered, and the record waits only for its outcome's commit before
-// its Ack. It stays unsettled (its offset is not committed) until then.
-func (d *delivery) Answered() { d.answer() }
-
-// answer frees d's in-flight slot, once.
-func (d *delivery) answer() {
-	if d.answered.CompareAndSwap(false, true) {
+// its Ack. It stays unsettled (its offset is not committed) until then. A
+// record that would take the bytes held so past maxAnsweredBytes keeps its
+// slot, as before it was answered.
+func (d *delivery) Answered() {
+	n := int64(len(d.r.Key) + len(d.r.Value))
+	if d.c.answeredBytes.Add(n) > d.c.maxAnswered {
+		d.c.answeredBytes.Add(-n)
+		return
+	}
+	d.bytes = n
+	if d.state.CompareAndSwap(inWindow, answered) {
 		<-d.c.sem
+		return
+	}
+	d.c.answeredBytes.Add(-n) // finished meanwhile
+}
+
+// finished gives back what d holds of the window, once: its slot, or the
+// bytes it took when it left the window answered.
+func (d *delivery) finished() {
+	switch d.state.Swap(done) {
+	case inWindow:
+		<-d.c.sem
+	case answered:
+		d.c.answeredBytes.Add(-d.bytes)
 	}
 }
+
+// A delivery's states: in the window of MaxInFlight, answered and out of
+// it, or finished.
+const (
+	inWindow int32 = iota
+	answered
+	done
+)
 
 // Durable is closed once the record's handed-out mark is in the journal.
 func (d *delivery) Durable() <-chan struct{} { return d.durable }

@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -641,5 +642,54 @@ func TestMarkAheadFollowsTheRate(t *testing.T) {
 		if got := c.nextAhead(st, s.top, t0.Add(s.at)); got != s.want {
 			t.Errorf("mark at offset %d after %v: %d ahead, want %d", s.top, s.at, got, s.want)
 		}
+	}
+}
+
+// Large records answered keep their slots once those held out of the
+// window reach maxAnsweredBytes: with large messages the window, not the
+// count of answered ones, bounds memory.
+func TestAnsweredLargeRecordsKeepTheirSlots(t *testing.T) {
+	addrs := cluster(t, "orders")
+	const window = 4
+	body := bytes.Repeat([]byte("x"), 1000)
+	var recs []*kgo.Record
+	for range 3 * window {
+		recs = append(recs, &kgo.Record{Topic: "orders", Value: body})
+	}
+	produce(t, addrs, recs...)
+	c := newClientWith(t, Options{Brokers: addrs, Topic: "orders", MaxInFlight: window, RevokeTimeout: time.Millisecond})
+	c.maxAnswered = 2500 // two such records, not three
+
+	ctx, cancel := context.WithCancel(context.Background())
+	got := make(chan broker.Delivery, 3*window)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = c.Consume(ctx, func(d broker.Delivery) { got <- d })
+	}()
+	defer func() { cancel(); <-done; _ = c.Close() }()
+	take := func(n int) []broker.Delivery {
+		var ds []broker.Delivery
+		for range n {
+			select {
+			case d := <-got:
+				ds = append(ds, d)
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%d of %d deliveries", len(ds), n)
+			}
+		}
+		return ds
+	}
+	for _, d := range take(window) {
+		d.(broker.Answered).Answered()
+	}
+	take(2) // in the places of the two that left the window
+	select {
+	case d := <-got:
+		t.Fatalf("%s handed out with the window full", d.Message().Position)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if got, want := c.answeredBytes.Load(), int64(2*len(body)); got != want {
+		t.Errorf("answered bytes held = %d, want %d (two records)", got, want)
 	}
 }
