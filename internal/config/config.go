@@ -92,7 +92,7 @@ type Kafka struct {
 	// TransactionalTransfer produces a copy and commits the source offset in
 	// one Kafka transaction.
 	TransactionalTransfer bool `yaml:"transactional_transfer"`
-	// MaxInFlight bounds records handed out and not yet settled. Zero means
+	// MaxInFlight bounds records handed out and not yet answered. Zero means
 	// four times handler.max_concurrency.
 	MaxInFlight int `yaml:"max_in_flight"`
 	// FetchMaxBytes bounds one fetch from the brokers, which is what the
