@@ -71,10 +71,10 @@ func (h *HTTP) post(ctx context.Context, timeout time.Duration, header http.Head
 	if timeout <= 0 {
 		return answer{}, fasthttp.ErrTimeout
 	}
+	// ctx's own deadline is left to its AfterFunc below, like its
+	// cancellation: a call it cuts short ends with ctx done, so the caller
+	// can tell its own doing from the app's.
 	deadline := time.Now().Add(timeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
 	if err := ctx.Err(); err != nil {
 		return answer{}, fmt.Errorf("%w: %w", errCancelled, err)
 	}
