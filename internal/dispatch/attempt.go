@@ -107,7 +107,9 @@ func (h *handoff) attempt(ctx context.Context, at time.Time) {
 		actx, span := h.startAttempt(ctx, req)
 		res := e.o.Handler.Deliver(ctx, req)
 		if ctx.Err() != nil {
-			// Shutdown cut the call short: its result says nothing about the app.
+			// Shutdown cut the call short: its result says nothing about the
+			// app, and its request may still be with the deliverer.
+			h.keep()
 			endAttempt(span, res)
 			e.limiter.Release(0)
 			h.handBack()

@@ -311,14 +311,15 @@ func (e *Engine) walk(w *walk) {
 			return
 		}
 	}
-	ws := new(walkState)
+	ws := newWalkState()
 	h := &ws.h
 	*h = handoff{e: e, r: w.r, d: w.d, msg: w.msg, retry: w.msg.Copy, intake: w.intake,
-		leave: w.leave, openSet: w.open, openID: w.id, space: &ws.space, room: ws.space.recs[:]}
+		leave: w.leave, openSet: w.open, openID: w.id, space: &ws.space, room: ws.space.recs[:], state: ws}
 	h.run(w.work)
 	if !h.later {
 		h.ended()
 	}
+	ws.release()
 }
 
 // walkEnded ends a walk's turn in its sequence, takes it out of the open

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"handoff.dev/handoff/internal/broker"
@@ -74,6 +76,10 @@ type handoff struct {
 	openID  uint64
 	later   bool
 	ctx     context.Context // the walk's, for Committed
+
+	// state is the walkState the handoff lives in, reused once the walk
+	// ends; nil when something may still read it after that (see reuse).
+	state *walkState
 }
 
 // ended releases what the walk held: the last thing a walk does, on its
@@ -84,7 +90,15 @@ func (h *handoff) ended() {
 		h.kl = nil
 	}
 	h.e.walkEnded(h.leave, h.openSet, h.openID)
+	if ws := h.state; ws != nil {
+		ws.release()
+	}
 }
+
+// keep says the walk's state may be read after the walk ends, and so is not
+// reused: a call cut short may leave its request with the deliverer (a
+// batch still in flight).
+func (h *handoff) keep() { h.state.kept = true }
 
 // walkSpace is what a healthy message's walk needs of the heap — RECEIVED
 // with ATTEMPT, OUTCOME and SETTLED for the journal, and the first call's
@@ -96,9 +110,36 @@ type walkSpace struct {
 
 // walkState is a walk's handoff and its space, in one allocation: the
 // handoff outlives its goroutine's walk when settleLater hands it over.
+// Once the walk has ended and its goroutine has let go of it, nothing holds
+// it — the journal copies the records it is given and drops a callback once
+// called, a call's request is done with when the call returns — so it is
+// reused: about 1.4 KB a message the collector no longer sweeps.
 type walkState struct {
 	h     handoff
 	space walkSpace
+	// refs counts who still uses it: the walk's goroutine, and the walk
+	// until it ends, which after settleLater is the journal's goroutine.
+	refs atomic.Int32
+	// kept: something may read it after both are done (see keep).
+	kept bool
+}
+
+var walkStates = sync.Pool{New: func() any { return new(walkState) }}
+
+// newWalkState is a walkState for a walk, held by its goroutine and itself.
+func newWalkState() *walkState {
+	ws := walkStates.Get().(*walkState)
+	ws.refs.Store(2)
+	return ws
+}
+
+// release lets go of ws; the last to let go reuses it.
+func (ws *walkState) release() {
+	if ws.refs.Add(-1) != 0 || ws.kept {
+		return
+	}
+	ws.h, ws.space = handoff{}, walkSpace{}
+	walkStates.Put(ws)
 }
 
 func (h *handoff) walkSpace() *walkSpace {
