@@ -227,6 +227,16 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, hk hooks) e
 		sources = append(sources, src)
 		routes = append(routes, src.route)
 		checks = append(checks, telemetry.Check{Name: "source " + sc.Name, Ready: src.ready})
+		if r := sc.RabbitMQ; r != nil {
+			// AMQP 0-9-1 cannot tell a consumer a queue's limit: say which
+			// one the sidecar keeps its messages under.
+			if n := deref(r.DeliveryLimit); n > 0 {
+				log.Info("delivery limit: a message on its final delivery is moved to a retry tier, never called",
+					"source", sc.Name, "delivery_limit", n)
+			} else {
+				log.Info("delivery limit: none (the queues drop nothing after repeated returns)", "source", sc.Name)
+			}
+		}
 		if r := sc.RabbitMQ; r != nil && r.Prefetch < cfg.Handler.MaxConcurrency {
 			log.Warn("prefetch is below handler.max_concurrency: this source cannot use all of it",
 				"source", sc.Name, "prefetch", r.Prefetch, "max_concurrency", cfg.Handler.MaxConcurrency)

@@ -42,8 +42,10 @@ func rabbitSource(sc config.Source, tiers []time.Duration, deadLetterRetention t
 		URL:      r.URL,
 		Queue:    r.Queue,
 		Prefetch: r.Prefetch,
-		Tiers:    tiers,
-		Declare:  *r.Declare,
+		// Set by the defaults; nil only for a config built by hand.
+		DeliveryLimit: deref(r.DeliveryLimit),
+		Tiers:         tiers,
+		Declare:       *r.Declare,
 		// Applies when the sidecar declares the dead-letter stream.
 		DeadLetterRetention: deadLetterRetention,
 		Logger:              log,
@@ -258,4 +260,12 @@ func legalName(name string) string {
 // fence each other.
 func transactionalID(source, group, member string) string {
 	return "handoff/" + source + "/" + group + "/" + member
+}
+
+// deref is *p, or 0 for nil.
+func deref(p *int) int {
+	if p == nil {
+		return 0
+	}
+	return *p
 }

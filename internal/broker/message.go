@@ -40,6 +40,16 @@ type Message struct {
 	// Redelivered is the broker's own flag: this delivery was handed out
 	// before and not settled.
 	Redelivered bool
+	// DeliveryCount is how many times the broker handed the message out
+	// before and had it returned (a quorum queue's x-delivery-count); 0
+	// where the broker does not count.
+	DeliveryCount int
+	// FinalDelivery says the broker drops the message, or dead-letters it
+	// by its own policy, if it is returned once more: its delivery count has
+	// reached the queue's delivery limit. Such a delivery is not handed to
+	// the app, whose call could be cut by a crash; it is moved out of the
+	// broker's count instead (see dispatch).
+	FinalDelivery bool
 	// Event is the CloudEvent a structured-mode message carries (its
 	// content type is StructuredContentType), read from Body at intake; nil
 	// for any other message. Body stays the envelope: copies carry it as it

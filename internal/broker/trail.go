@@ -29,6 +29,12 @@ const (
 	// HeaderDeadLetteredAt is when a dead-letter copy was made: a RabbitMQ
 	// stream tells an AMQP 0.9.1 reader no time of its own.
 	HeaderDeadLetteredAt = "handoff-dead-lettered-at"
+	// HeaderStops counts the attempts the sidecar stopped during (the
+	// process gone mid-call), and HeaderAloneStops those of them made alone,
+	// with no other call in flight: the evidence that a message kills its
+	// consumer.
+	HeaderStops      = "handoff-stops"
+	HeaderAloneStops = "handoff-alone-stops"
 )
 
 // TimeLayout is how times are written in handoff-* headers: RFC 3339 in UTC
@@ -64,6 +70,12 @@ type Trail struct {
 	ReplayOf string
 	// DeadLetteredAt is set on a dead-letter copy: when it was made.
 	DeadLetteredAt time.Time
+	// Stops counts the attempts the sidecar stopped during, the process
+	// gone mid-call; AloneStops those of them made alone. A message with
+	// stops is called alone from then on: a crash during such a call is
+	// its own doing.
+	Stops      int
+	AloneStops int
 }
 
 // Headers returns t as handoff-* headers. The event id and attempt are always
@@ -88,6 +100,12 @@ func (t *Trail) Headers() Headers {
 	}
 	if t.Defers > 0 {
 		h[HeaderDefers] = strconv.Itoa(t.Defers)
+	}
+	if t.Stops > 0 {
+		h[HeaderStops] = strconv.Itoa(t.Stops)
+	}
+	if t.AloneStops > 0 {
+		h[HeaderAloneStops] = strconv.Itoa(t.AloneStops)
 	}
 	setTime(HeaderFirstAttemptAt, t.FirstAttemptAt)
 	setTime(HeaderFirstFailureAt, t.FirstFailureAt)
@@ -124,6 +142,15 @@ func ParseTrail(h Headers) (Trail, error) {
 	}
 	if t.Defers > t.Attempt {
 		return t, fmt.Errorf("%s %d exceeds %s %d", HeaderDefers, t.Defers, HeaderAttempt, t.Attempt)
+	}
+	if t.Stops, err = atoi(h, HeaderStops, false); err != nil {
+		return t, err
+	}
+	if t.AloneStops, err = atoi(h, HeaderAloneStops, false); err != nil {
+		return t, err
+	}
+	if t.AloneStops > t.Stops {
+		return t, fmt.Errorf("%s %d exceeds %s %d", HeaderAloneStops, t.AloneStops, HeaderStops, t.Stops)
 	}
 	for _, f := range []struct {
 		key      string

@@ -51,6 +51,11 @@ const (
 	// ReasonTooLarge: the message's body is larger than the handler takes
 	// (handler.max_message_bytes); it is kept whole, never handed over.
 	ReasonTooLarge Reason = "too-large"
+	// ReasonDeliveryLimit: the sidecar stopped during the message's call
+	// every time it was called alone, nothing else in flight; one more
+	// return would count toward the queue's delivery limit, after which the
+	// broker drops it. It is kept here instead, with its evidence.
+	ReasonDeliveryLimit Reason = "delivery-limit"
 )
 
 // Policy is the retry configuration. The zero value is not usable; build it

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"net"
 	"strings"
 	"unicode"
@@ -42,6 +43,18 @@ func (c *Config) Notices() []string {
 	var ns []string
 	if !c.Admin.Enabled() {
 		ns = append(ns, "admin API off: admin.token_file is not set (status and live event timelines are unavailable; `sidecar journal` still reads a stopped sidecar's journal)")
+	}
+	for i, s := range c.Sources {
+		r := s.RabbitMQ
+		if r == nil || r.DeliveryLimit == nil {
+			continue
+		}
+		path := fmt.Sprintf("sources[%d].rabbitmq.delivery_limit", i)
+		if n := *r.DeliveryLimit; n > 0 {
+			ns = append(ns, fmt.Sprintf("%s: %d — a message the queue has delivered %d times is moved to a retry tier, never called; set it to the queues' x-delivery-limit, or 0 when they have none", path, n, n))
+		} else {
+			ns = append(ns, path+": 0 — the queues are taken to drop nothing after repeated returns; a quorum queue with a delivery limit would drop a message that keeps killing its consumer")
+		}
 	}
 	return ns
 }

@@ -68,6 +68,14 @@ type RabbitMQ struct {
 	// Prefetch bounds unacked deliveries per consumer (the source queue and
 	// its retry queue each have one). Zero means handler.max_concurrency.
 	Prefetch int `yaml:"prefetch"`
+	// DeliveryLimit is the queues' delivery limit (x-delivery-limit, by
+	// argument or policy), which AMQP 0-9-1 cannot tell a consumer: after
+	// that many returns a quorum queue drops a message or dead-letters it
+	// by its own policy. A delivery that reached it is never handed to the
+	// app; it is moved to a retry tier, or dead-lettered as delivery-limit
+	// when its calls kill the sidecar. Unset means 20, RabbitMQ 4.x's
+	// default for every quorum queue; 0 says the queues have none.
+	DeliveryLimit *int `yaml:"delivery_limit"`
 	// Declare creates the retry tiers, retry queue and dead-letter queue when
 	// missing. With false they must already exist.
 	Declare *bool `yaml:"declare"`
@@ -297,6 +305,10 @@ func Default() Config {
 	}
 }
 
+// DefaultDeliveryLimit is rabbitmq.delivery_limit when it is not set: the
+// limit RabbitMQ 4.x gives every quorum queue.
+const DefaultDeliveryLimit = 20
+
 // kafka.fetch_max_bytes when it is not set, and its largest value: what the
 // Kafka client reads from a broker in one response.
 const (
@@ -325,6 +337,10 @@ func (c *Config) applySourceDefaults() {
 		if r := c.Sources[i].RabbitMQ; r != nil {
 			if r.Prefetch == 0 {
 				r.Prefetch = c.Handler.MaxConcurrency
+			}
+			if r.DeliveryLimit == nil {
+				n := DefaultDeliveryLimit
+				r.DeliveryLimit = &n
 			}
 			if r.Declare == nil {
 				t := true

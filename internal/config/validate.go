@@ -183,6 +183,9 @@ func (r *RabbitMQ) validate(path string, tiers []Duration, ps *Problems) {
 	if r.Prefetch < 0 || r.Prefetch > 65535 {
 		ps.add(path+".prefetch", "must be between 0 and 65535")
 	}
+	if r.DeliveryLimit != nil && *r.DeliveryLimit < 0 {
+		ps.add(path+".delivery_limit", "want the queues' x-delivery-limit (1 or more), or 0 when they have none")
+	}
 }
 
 // maxKafkaTopicName is the longest topic name Kafka accepts.

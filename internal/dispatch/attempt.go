@@ -24,6 +24,12 @@ func (h *handoff) attempt(ctx context.Context, at time.Time) {
 	// succeeded, goes back however the walk ends: shutdown, a lost
 	// delivery, the deadline. Only a failed re-attempt keeps it spent.
 	defer h.refund()
+	defer func() {
+		if !h.later {
+			// After settleLater the walk's end lets it go (ended).
+			h.unisolate()
+		}
+	}()
 	e, p, t := h.e, h.e.o.Policy, &h.trail
 	recorded := 0 // the attempt number whose ATTEMPT record is written
 	budgeted := 0 // the attempt number the budget has seen
@@ -81,6 +87,12 @@ func (h *handoff) attempt(ctx context.Context, at time.Time) {
 				return
 			}
 		}
+		// A message the sidecar stopped during before is called alone.
+		alone := t.Stops > 0
+		if !h.isolate(ctx, alone) {
+			e.limiter.Release(0)
+			return
+		}
 		if !h.fenced(ctx) {
 			// Stopping while the hand-out was being made durable: no call
 			// was made, and nothing is written.
@@ -88,11 +100,30 @@ func (h *handoff) attempt(ctx context.Context, at time.Time) {
 			h.handBack()
 			return
 		}
+		if alone {
+			now = e.now() // it waited for the others
+		}
 		req.Timeout = min(e.o.Timeout, t.Deadline.Sub(now))
 		if recorded != req.Attempt {
 			// Written once the call is sure to be made, before it: a crash
 			// during the call leaves an attempt whose outcome is unknown.
-			h.appendAsync(journal.Record{Kind: journal.Attempt, At: now, Hop: t.Hops, Attempt: req.Attempt})
+			rec := journal.Record{Kind: journal.Attempt, At: now, Hop: t.Hops, Attempt: req.Attempt}
+			if alone {
+				rec.Detail = journal.AttemptAlone
+			}
+			if h.msg.Redelivered || alone {
+				// Durable before the call: a delivery that came back may be
+				// one that stops the sidecar, and only a written attempt
+				// counts it (and says it was alone). A first delivery keeps
+				// the cheap path: the broker's flag or the Kafka mark says
+				// it is a repeat if the process dies in its call.
+				if !h.journal(ctx, rec) {
+					e.limiter.Release(0)
+					return
+				}
+			} else {
+				h.appendAsync(rec)
+			}
 			recorded = req.Attempt
 		}
 		if next == 1 && budgeted != 1 && e.o.Budget != nil {
@@ -141,6 +172,7 @@ func (h *handoff) attempt(ctx context.Context, at time.Time) {
 			h.appendAsync(journal.Record{Kind: journal.Outcome, Hop: t.Hops, Attempt: req.Attempt,
 				Outcome: uint8(budget.Unreachable), Detail: res.Detail})
 			recorded = 0
+			h.unisolate()
 			e.gate.hold(ctx)
 			if !await(h, ctx, h.intake.Done(), e.gate.openChan(), "delivery lost while the app was unreachable; the broker redelivers it") {
 				return
@@ -151,7 +183,11 @@ func (h *handoff) attempt(ctx context.Context, at time.Time) {
 		// copy's publish and confirm are part of what the attempt cost.
 		due, again := h.decide(actx, req.Attempt, res, true)
 		endAttempt(span, res)
-		if !again || !h.wait(ctx, due) {
+		if !again {
+			return
+		}
+		h.unisolate() // not held through the wait
+		if !h.wait(ctx, due) {
 			return
 		}
 	}

@@ -90,6 +90,9 @@ type Engine struct {
 	// answer is a success hands its ack over to the commit instead of
 	// parking until the outcome is durable (see handoff.settleLater).
 	later laterJournal
+	// iso makes the calls of messages suspected of stopping the sidecar
+	// alone (isolation.go).
+	iso *isolation
 
 	fatalMu    sync.Mutex
 	fatal      error
@@ -109,6 +112,7 @@ func New(o Options) *Engine {
 	}
 	e := &Engine{
 		o:       o,
+		iso:     newIsolation(),
 		log:     o.Logger,
 		now:     o.Now,
 		limiter: budget.NewLimiter(o.MaxConcurrency),
@@ -272,7 +276,10 @@ func (e *Engine) admit(intake, work context.Context, r *Route, d broker.Delivery
 			return
 		}
 	}
-	w := walk{r: r, d: d, msg: msg, intake: intake, work: work, open: e.open[r.Name]}
+	w := walk{r: r, d: d, msg: msg, intake: intake, work: work, open: e.open[r.Name], final: msg.FinalDelivery}
+	if w.final {
+		e.iso.finalIn()
+	}
 	if msg.OrderKey != "" {
 		w.wait, w.leave = e.order.enter(msg.OrderKey)
 	}
@@ -295,6 +302,8 @@ type walk struct {
 	leave func()
 	// retire: no walk; the parked worker that takes it exits (pool.trim).
 	retire bool
+	// final: the delivery is on its final count, counted in e.iso.
+	final bool
 }
 
 // walk runs w's hand-off once its turn in its sequence comes.
@@ -304,17 +313,17 @@ func (e *Engine) walk(w *walk) {
 		case <-w.wait:
 		case <-w.work.Done():
 			e.handBack(w.d)
-			e.walkEnded(w.leave, w.open, w.id)
+			e.walkEnded(w.leave, w.open, w.id, w.final)
 			return
 		case <-w.d.Lost():
-			e.walkEnded(w.leave, w.open, w.id)
+			e.walkEnded(w.leave, w.open, w.id, w.final)
 			return
 		}
 	}
 	ws := newWalkState()
 	h := &ws.h
 	*h = handoff{e: e, r: w.r, d: w.d, msg: w.msg, retry: w.msg.Copy, intake: w.intake,
-		leave: w.leave, openSet: w.open, openID: w.id, space: &ws.space, room: ws.space.recs[:], state: ws}
+		leave: w.leave, openSet: w.open, openID: w.id, final: w.final, space: &ws.space, room: ws.space.recs[:], state: ws}
 	h.run(w.work)
 	if !h.later {
 		h.ended()
@@ -324,9 +333,12 @@ func (e *Engine) walk(w *walk) {
 
 // walkEnded ends a walk's turn in its sequence, takes it out of the open
 // set and counts it ended: the last of a walk, whichever goroutine ends it.
-func (e *Engine) walkEnded(leave func(), open *openSet, id uint64) {
+func (e *Engine) walkEnded(leave func(), open *openSet, id uint64, final bool) {
 	if leave != nil {
 		leave()
+	}
+	if final {
+		e.iso.finalOut()
 	}
 	open.leave(id)
 	e.workers.Done()

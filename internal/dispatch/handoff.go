@@ -76,6 +76,11 @@ type handoff struct {
 	openID  uint64
 	later   bool
 	ctx     context.Context // the walk's, for Committed
+	// final: the delivery is on its final count (walk.final).
+	final bool
+	// isolated is what the walk holds of the engine's isolation: nothing,
+	// a share, or all of it for an alone call.
+	isolated uint8
 
 	// state is the walkState the handoff lives in, reused once the walk
 	// ends; nil when something may still read it after that (see reuse).
@@ -89,7 +94,8 @@ func (h *handoff) ended() {
 		h.e.keys.unlock(h.key, h.kl)
 		h.kl = nil
 	}
-	h.e.walkEnded(h.leave, h.openSet, h.openID)
+	h.unisolate()
+	h.e.walkEnded(h.leave, h.openSet, h.openID, h.final)
 	if ws := h.state; ws != nil {
 		ws.release()
 	}
@@ -193,6 +199,11 @@ func (h *handoff) run(ctx context.Context) {
 		st = journal.State{}
 	}
 	if h.resume(ctx, &st) {
+		return
+	}
+	if h.msg.FinalDelivery {
+		// One more return and the broker drops it: not risked on a call.
+		h.moveOut(ctx)
 		return
 	}
 	now := e.now()

@@ -91,6 +91,8 @@ func (h *handoff) resume(ctx context.Context, st *journal.State) bool {
 		res := handler.Result{Outcome: budget.Unknown, Detail: "the sidecar stopped during this attempt; its outcome is unknown"}
 		if st.HopOutcome != 0 {
 			res = handler.Result{Outcome: budget.Outcome(st.HopOutcome), Detail: st.HopDetail}
+		} else if !st.HopReleased && h.stopped(ctx, st) {
+			return true
 		}
 		h.logger().Info("resuming an interrupted hand-off", "attempt", st.HopAttempt, "outcome", res.Outcome)
 		if due, again := h.decide(ctx, st.HopAttempt, res, false); again {

@@ -34,6 +34,11 @@ const (
 	maxKind
 )
 
+// AttemptAlone is the detail of an ATTEMPT record whose call was made alone,
+// with no other call of the engine in flight: if the process stops during
+// it, the message's own call is the likeliest cause.
+const AttemptAlone = "alone"
+
 var kindNames = [...]string{
 	Received: "received", Attempt: "attempt", Outcome: "outcome", Transferring: "transferring",
 	Transferred: "transferred", Settled: "settled", Released: "released", Renewed: "renewed",

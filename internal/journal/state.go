@@ -20,6 +20,13 @@ type State struct {
 	HopAttempt int
 	HopOutcome uint8
 	HopDetail  string
+	// HopAlone: attempt HopAttempt was made alone (its ATTEMPT record's
+	// detail is AttemptAlone).
+	HopAlone bool
+	// HopReleased: the delivery of hop Hop was handed back after attempt
+	// HopAttempt started (a stop cut the call short, on purpose): the
+	// process did not die in it.
+	HopReleased bool
 	// Copy is the latest copy written (nil: none).
 	Copy *Copy
 	// Settled: the delivery of hop Hop was acked.
@@ -50,7 +57,7 @@ func (s *State) apply(r Record) {
 		*s = State{Found: true, Last: r}
 	case Received:
 		if r.Hop > s.Hop {
-			s.Hop, s.HopAttempt, s.HopOutcome, s.HopDetail, s.Settled = r.Hop, 0, 0, "", false
+			s.Hop, s.HopAttempt, s.HopOutcome, s.HopDetail, s.HopAlone, s.HopReleased, s.Settled = r.Hop, 0, 0, "", false, false, false
 		}
 		if r.Hop == 0 && r.Position != "" {
 			s.Position = r.Position
@@ -58,7 +65,7 @@ func (s *State) apply(r Record) {
 	case Attempt:
 		s.Attempts = max(s.Attempts, r.Attempt)
 		if r.Hop == s.Hop {
-			s.HopAttempt, s.HopOutcome, s.HopDetail = r.Attempt, 0, ""
+			s.HopAttempt, s.HopOutcome, s.HopDetail, s.HopAlone, s.HopReleased = r.Attempt, 0, "", r.Detail == AttemptAlone, false
 		}
 		if s.FirstAttemptAt.IsZero() {
 			s.FirstAttemptAt = r.At
@@ -76,6 +83,10 @@ func (s *State) apply(r Record) {
 	case Settled:
 		if r.Hop == s.Hop {
 			s.Settled = true
+		}
+	case Released:
+		if r.Hop == s.Hop && s.HopAttempt > 0 {
+			s.HopReleased = true
 		}
 	}
 }

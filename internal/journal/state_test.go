@@ -181,9 +181,17 @@ func TestState(t *testing.T) {
 		{
 			name:        "released leaves the hop open",
 			recs:        append(storyHandled(at(0)), Record{Kind: Released, At: at(time.Second), Detail: "shutdown"}),
-			want:        State{Found: true, Attempts: 1, FirstAttemptAt: at(time.Millisecond), HopAttempt: 1, HopOutcome: outSuccess},
+			want:        State{Found: true, Attempts: 1, FirstAttemptAt: at(time.Millisecond), HopAttempt: 1, HopOutcome: outSuccess, HopReleased: true},
 			wantLast:    Released,
 			wantHandled: true,
+		},
+		{
+			// The process stopped during an alone call: no outcome, no
+			// release, and the attempt says it was alone.
+			name:     "an alone attempt cut by a crash",
+			recs:     []Record{{Kind: Received, At: at(0)}, {Kind: Attempt, At: at(time.Millisecond), Attempt: 1, Detail: AttemptAlone}},
+			want:     State{Found: true, Attempts: 1, FirstAttemptAt: at(time.Millisecond), HopAttempt: 1, HopAlone: true},
+			wantLast: Attempt,
 		},
 	}
 	j, _ := openJournal(t, newPath(t), Options{})

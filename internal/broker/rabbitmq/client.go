@@ -24,8 +24,13 @@ type Options struct {
 	Queue string
 	// Prefetch bounds unacked deliveries per consumer.
 	Prefetch int
-	Tiers    []time.Duration
-	Declare  bool
+	// DeliveryLimit is the queues' delivery limit (a quorum queue's
+	// x-delivery-limit, set by argument or policy): a delivery whose
+	// x-delivery-count has reached it is the message's final one, and says
+	// so (broker.Message.FinalDelivery). Zero: the queues have none.
+	DeliveryLimit int
+	Tiers         []time.Duration
+	Declare       bool
 	// DeadLetterRetention is the dead-letter stream's x-max-age when the
 	// client declares it; zero means DefaultDeadLetterRetention.
 	DeadLetterRetention time.Duration

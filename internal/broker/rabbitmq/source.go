@@ -100,7 +100,11 @@ func (s *Source) consume(ctx context.Context, sess *session, deliver func(broker
 				return fmt.Errorf("consumer of %s cancelled by the broker", s.queue)
 			}
 			acks.delivered(d.DeliveryTag)
-			deliver(newDelivery(d, origin, s.copy, lost, acks))
+			dl := newDelivery(d, origin, s.copy, lost, acks)
+			if limit := s.c.opts.DeliveryLimit; limit > 0 && dl.msg.DeliveryCount >= limit {
+				dl.msg.FinalDelivery = true
+			}
+			deliver(dl)
 		}
 	}
 }
@@ -134,7 +138,27 @@ func newDelivery(d amqp.Delivery, origin string, copy bool, lost <-chan struct{}
 		Redelivered: d.Redelivered,
 		Native:      &dl.d,
 	}
+	dl.msg.DeliveryCount = deliveryCount(d.Headers)
 	return dl
+}
+
+// deliveryCount is a quorum queue's count of a message's earlier
+// deliveries, 0 when the header is missing (a first delivery, or a queue
+// that does not count).
+func deliveryCount(h amqp.Table) int {
+	switch v := h[deliveryCountHeader].(type) {
+	case int64:
+		return int(max(v, 0))
+	case int32:
+		return int(max(v, 0))
+	case int:
+		return max(v, 0)
+	case int16:
+		return int(max(v, 0))
+	case int8:
+		return int(max(v, 0))
+	}
+	return 0
 }
 
 func (d *delivery) Message() *broker.Message { return &d.msg }

@@ -77,10 +77,12 @@ func decimalString(d amqp.Decimal) string {
 	return s
 }
 
-// brokerOwned are headers RabbitMQ adds on dead-lettering. A copy does not
-// carry them back: they grow with every hop, and the trail lives in handoff-*.
+// brokerOwned are headers RabbitMQ adds on dead-lettering, and a quorum
+// queue's count of deliveries. A copy does not carry them: they grow with
+// every hop, the trail lives in handoff-*, and a copy is a new message whose
+// deliveries start again at none.
 func brokerOwned(k string) bool {
-	return k == "x-death" || strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-")
+	return k == "x-death" || k == deliveryCountHeader || strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-")
 }
 
 // copyOf builds the publishing of a retry or dead-letter copy: the original's
