@@ -49,9 +49,12 @@ func (h *handoff) startAttempt(ctx context.Context, req *handler.Request) (conte
 	carrier := propagation.MapCarrier{}
 	traceContext.Inject(ctx, carrier)
 	req.TraceParent, req.TraceState = carrier[headerTraceParent], carrier[headerTraceState]
-	if h.rootTrace == "" && h.msg.Headers[headerTraceParent] == "" {
+	if h.rootTrace == "" && !trace.SpanContextFromContext(parent).IsValid() {
 		// A message without a trace starts one here; its copies carry this
-		// span's context, so that every attempt of it shares the trace.
+		// span's context, so that every attempt of it shares the trace. So
+		// does one whose traceparent is there but not valid (all-zero ids,
+		// a malformed value): W3C has it ignored, as if absent, and a copy
+		// that kept it would start a second trace at the next attempt.
 		h.rootTrace, h.rootState = req.TraceParent, req.TraceState
 	}
 	return ctx, span

@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -247,5 +248,43 @@ func TestSpansOutsideAnAttempt(t *testing.T) {
 	}
 	if n := len(rec.Ended()); n != 0 {
 		t.Errorf("%d spans outside an attempt, want none", n)
+	}
+}
+
+// A message whose traceparent is missing, or present but invalid, starts its
+// trace at its first attempt, and that attempt's context is what its copies
+// carry; a valid one is the trace the attempts join, and copies keep it.
+func TestRootTraceOfAMessageWithoutAValidParent(t *testing.T) {
+	tp := sdktrace.NewTracerProvider()
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	valid := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	for _, tt := range []struct {
+		name, header string
+		root         bool
+	}{
+		{"none", "", true},
+		{"all-zero ids", "00-00000000000000000000000000000000-0000000000000000-01", true},
+		{"malformed", "00-not-a-trace-01", true},
+		{"valid", valid, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			msg := &broker.Message{Headers: broker.Headers{}}
+			if tt.header != "" {
+				msg.Headers[headerTraceParent] = tt.header
+			}
+			h := &handoff{e: &Engine{o: Options{Tracer: tp.Tracer("test")}}, r: &Route{Name: "r"}, msg: msg}
+			req := &handler.Request{Attempt: 1}
+			_, span := h.startAttempt(context.Background(), req)
+			span.End()
+			if got := h.rootTrace != ""; got != tt.root {
+				t.Fatalf("root trace recorded %v, want %v (header %q)", got, tt.root, tt.header)
+			}
+			if tt.root && h.rootTrace != req.TraceParent {
+				t.Errorf("copies would carry %q, not the first attempt's %q", h.rootTrace, req.TraceParent)
+			}
+			if !tt.root && !strings.Contains(req.TraceParent, "4bf92f3577b34da6a3ce929d0e0e4736") {
+				t.Errorf("attempt's traceparent %q left the message's trace", req.TraceParent)
+			}
+		})
 	}
 }
