@@ -31,6 +31,8 @@ type memLog struct {
 	// failing, when set, is what First and Read return instead of
 	// working (a broker down or refusing).
 	failing error
+	// readDelay is how long each Read takes to start (a busy broker).
+	readDelay time.Duration
 }
 
 type memEntry struct {
@@ -75,6 +77,15 @@ func (l *memLog) First(context.Context) (map[int32]int64, error) {
 
 func (l *memLog) Read(ctx context.Context, from map[int32]int64, each ReadFunc) error {
 	l.mu.Lock()
+	if d := l.readDelay; d > 0 {
+		l.mu.Unlock()
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		l.mu.Lock()
+	}
 	if l.failing != nil {
 		defer l.mu.Unlock()
 		return l.failing

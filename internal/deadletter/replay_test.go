@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -213,6 +214,43 @@ func TestReplayPublishesApprovedAtItsRate(t *testing.T) {
 	}
 	if orun, err := other.Run(run.ID); err != nil || orun.State != RunCompleted || orun.Progress.Handled != 10 {
 		t.Fatalf("other replica's run %+v, %v", orun, err)
+	}
+}
+
+// A slow read of the dead-letter log does not make the run burst: the
+// bucket is emptied after the read of the batch that follows the sample (and
+// the sample's own at the run's start), so the first second after the sample
+// holds the rate, not the rate plus what refilled while reading.
+func TestReplayKeepsItsRateAfterASlowRead(t *testing.T) {
+	f := newReplayFixture(t, 50)
+	m, _ := f.manager(t, "replica-a", f.x, nil)
+	f.approve(t, m, f.ids, nil)
+	f.dlq.mu.Lock()
+	f.dlq.readDelay = 400 * time.Millisecond
+	f.dlq.mu.Unlock()
+	const rate = 20
+	run, err := m.CreateReplay(context.Background(), ReplayRequest{IDs: f.ids, Rate: rate, Sample: 2, Who: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if run = waitRun(t, m, run.ID); run.State != RunCompleted || run.Progress.Handled != 50 {
+		t.Fatalf("run %+v", run)
+	}
+	got := f.app.got()
+	if len(got) != 50 {
+		t.Fatalf("%d copies, want 50", len(got))
+	}
+	sort.Slice(got, func(i, j int) bool { return got[i].at.Before(got[j].at) })
+	start, n := got[2].at, 0
+	for _, c := range got[2:] {
+		if c.at.Sub(start) < time.Second {
+			n++
+		}
+	}
+	// A second at 20/s holds 20 slots after the first publish, and one of
+	// slack; the read's 400 ms would have added 8.
+	if limit := rate + 2; n > limit {
+		t.Errorf("after the sample: %d copies in the first second at %d/s, want at most %d", n, rate, limit)
 	}
 }
 

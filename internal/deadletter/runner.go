@@ -113,10 +113,11 @@ func (r *runner) run(ctx context.Context) (RunState, string, error) {
 	spec := run.Spec
 	// A batch's worth of burst: a publish held up (a busy machine, a slow
 	// read) catches up its slots, so that the run keeps its rate on
-	// average; the bucket is emptied wherever the run starts or pauses, so
-	// that it never bursts ahead of the rate.
+	// average; the bucket is emptied wherever the run starts, goes on after
+	// the sample or pauses — after the entries to publish are read, since it
+	// fills while they are (see pipeline.send) — so that it never bursts
+	// ahead of the rate.
 	lim := rate.NewLimiter(rate.Limit(spec.Rate), spec.BatchSize)
-	drainBucket(lim)
 	ids := make([]ID, len(spec.IDs))
 	for i, s := range spec.IDs {
 		if ids[i], err = ParseID(s); err != nil {
@@ -157,7 +158,6 @@ func (r *runner) run(ctx context.Context) (RunState, string, error) {
 		n := min(spec.BatchSize, len(rest))
 		batches, rest = append(batches, rest[:n]), rest[n:]
 	}
-	drainBucket(lim) // the sample's wait filled it
 	pl := r.pipeline(ctx, spec, lim)
 	stopped, why, err := r.publishBatches(ctx, spec, pl, batches)
 	if err := pl.wait(ctx, err); err != nil {
@@ -287,6 +287,8 @@ type pipeline struct {
 	slots chan struct{}
 	mu    sync.Mutex
 	last  string // the nonce of the last record appended
+	// started: the first batch was sent (send empties the bucket first).
+	started bool
 }
 
 // maxInflight bounds the publishes waiting for their confirms at once.
@@ -306,6 +308,12 @@ func (r *runner) pipeline(ctx context.Context, spec RunSpec, lim *rate.Limiter) 
 // change of runner stops it.
 func (p *pipeline) send(b prepared) error {
 	r := p.r
+	if !p.started {
+		// The pipeline's first publish: the bucket filled while the run
+		// waited (the sample's outcomes) and while this batch was read.
+		p.started = true
+		drainBucket(p.lim)
+	}
 	for _, l := range b.todo {
 		// A slot first, then the app's pressure and the rate: the pressure
 		// is read as late as it can be, after the publishes before started.
