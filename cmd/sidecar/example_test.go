@@ -61,4 +61,24 @@ func TestDevAgainstGRPCExample(t *testing.T) {
 	if !bytes.Contains(appOut.Bytes(), []byte("order order-0003 (event order-0003, attempt 2, redelivered false) handled")) {
 		t.Errorf("the app's log lacks the flaky order's second attempt:\n%s", appOut.String())
 	}
+	// Order 1 is published twice with the same ce-id (the demo's resend):
+	// its work is done once, the resend answered without doing it again.
+	if !bytes.Contains(out.Bytes(), []byte("order-0001  published again with the same ce-id")) {
+		t.Errorf("the demo did not resend order 1:\n%s", out.String())
+	}
+	times := map[string]int{}
+	for _, m := range regexp.MustCompile(`order (order-\d+) \(event order-\d+, attempt \d+, redelivered \w+\) handled`).FindAllSubmatch(appOut.Bytes(), -1) {
+		times[string(m[1])]++
+	}
+	if len(times) != 11 {
+		t.Errorf("the app handled %d distinct orders, want 11:\n%s", len(times), appOut.String())
+	}
+	for id, n := range times {
+		if n != 1 {
+			t.Errorf("the app did the work of %s %d times:\n%s", id, n, appOut.String())
+		}
+	}
+	if !bytes.Contains(appOut.Bytes(), []byte("duplicate order-0001 (event order-0001): already handled, answering success again")) {
+		t.Errorf("the app's log does not say the resend was a duplicate:\n%s", appOut.String())
+	}
 }
