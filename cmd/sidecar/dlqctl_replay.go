@@ -257,6 +257,9 @@ func writeReplay(w io.Writer, r *adminv1.Replay) {
 	if p.GetRate() > 0 {
 		prog += fmt.Sprintf(", %.1f/s", p.GetRate())
 	}
+	if w := p.GetWaited().AsDuration(); w > 0 {
+		prog += ", waited " + w.Round(time.Second).String()
+	}
 	if p.GetEta() != nil && p.GetRemaining() > 0 {
 		prog += ", ETA " + p.GetEta().AsDuration().Round(time.Second).String()
 	}

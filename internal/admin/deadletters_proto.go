@@ -161,6 +161,9 @@ func runProto(r *deadletter.Run, withIDs bool) *adminv1.Replay {
 	if p.ETA > 0 {
 		out.Progress.Eta = durationpb.New(p.ETA)
 	}
+	if p.Waited > 0 {
+		out.Progress.Waited = durationpb.New(p.Waited)
+	}
 	if withIDs || r.DryRun {
 		out.Ids = append([]string(nil), r.Spec.IDs...)
 	}

@@ -128,9 +128,18 @@ type Progress struct {
 	Skipped int
 	// ETA is when the remaining will have been published, at the run's rate.
 	ETA time.Duration
-	// Rate is the measured publish rate so far (per second).
+	// Rate is the measured publish rate (per second) over the run's recent
+	// publishing, its last RateWindow of publishes: the pace it keeps, which
+	// its waits do not lower.
 	Rate float64
+	// Waited is how long the run went without publishing so far, between
+	// publishes: the sample's wait, pauses, a takeover.
+	Waited time.Duration
 }
+
+// RateWindow is the stretch of a run's latest publishes its Rate is
+// measured over.
+const RateWindow = 10 * time.Second
 
 // ErrNoRun is returned for a replay id no ledger holds.
 var ErrNoRun = errors.New("no such replay")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -472,4 +473,41 @@ func TestCatchUpFailureSaidOnce(t *testing.T) {
 	f.dlq.failing = nil
 	f.dlq.mu.Unlock()
 	eventually(t, "the catch-up back", func() bool { return lines.count("INFO", "catching up again") == 1 })
+}
+
+// A run's rate is the pace of its recent publishing, whatever it waited
+// before (the sample's outcomes, a takeover); the waits are reported apart.
+func TestPublishPace(t *testing.T) {
+	at := func(start time.Duration, n int, every time.Duration) []time.Time {
+		var out []time.Time
+		for i := range n {
+			out = append(out, t0.Add(start+time.Duration(i)*every))
+		}
+		return out
+	}
+	tests := []struct {
+		name       string
+		ats        []time.Time
+		rate       float64
+		wantRate   float64
+		wantWaited time.Duration
+	}{
+		{"steady", at(0, 41, 50*time.Millisecond), 20, 20, 0},
+		// A sample of 3, 5 s waiting for its outcomes, then the rest.
+		{"after the sample", append(at(0, 3, 50*time.Millisecond), at(5*time.Second+100*time.Millisecond, 60, 50*time.Millisecond)...), 20, 20, 5*time.Second + 100*time.Millisecond - 100*time.Millisecond},
+		// A takeover's 8 s gap inside the last 10 s.
+		{"a takeover", append(at(0, 40, 50*time.Millisecond), at(2*time.Second+8*time.Second, 20, 50*time.Millisecond)...), 20, 20, 8*time.Second + 50*time.Millisecond},
+		{"one publish", at(0, 1, 0), 20, 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rate, waited := publishPace(tt.ats, tt.rate)
+			if math.Abs(rate-tt.wantRate) > 0.5 {
+				t.Errorf("rate %.2f/s, want %.0f/s", rate, tt.wantRate)
+			}
+			if d := waited - tt.wantWaited; d < -100*time.Millisecond || d > 100*time.Millisecond {
+				t.Errorf("waited %v, want %v", waited, tt.wantWaited)
+			}
+		})
+	}
 }

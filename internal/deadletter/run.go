@@ -259,7 +259,7 @@ func (x *Index) Runs(source string) ([]Run, error) {
 // every selected letter: a run names at most MaxReplaySelection.
 func progress(tx *bolt.Tx, run *Run) error {
 	p := Progress{Selected: len(run.Spec.IDs)}
-	var first, last time.Time
+	var ats []time.Time // when each Replay record was written
 	for _, s := range run.Spec.IDs {
 		id, err := ParseID(s)
 		if err != nil {
@@ -279,12 +279,7 @@ func progress(tx *bolt.Tx, run *Run) error {
 				p.Failed++
 			}
 			if !st.at.IsZero() {
-				if first.IsZero() || st.at.Before(first) {
-					first = st.at
-				}
-				if st.at.After(last) {
-					last = st.at
-				}
+				ats = append(ats, st.at)
 			}
 		case ok && run.replayable(&l):
 			p.Remaining++
@@ -292,14 +287,52 @@ func progress(tx *bolt.Tx, run *Run) error {
 			p.Skipped++
 		}
 	}
-	if p.Published > 1 && last.After(first) {
-		p.Rate = float64(p.Published-1) / last.Sub(first).Seconds()
-	}
+	p.Rate, p.Waited = publishPace(ats, run.Spec.Rate)
 	if p.Remaining > 0 && !run.Ended() {
 		p.ETA = time.Duration(float64(p.Remaining) / run.Spec.Rate * float64(time.Second))
 	}
 	run.Progress = p
 	return nil
+}
+
+// publishPace is the publish rate over the latest RateWindow of the
+// publishes at ats, and the time spent between publishes not publishing: a
+// gap longer than a second, or than four of the run's slots, is a wait (the
+// sample's, a pause, a takeover), not the rate's pace.
+func publishPace(ats []time.Time, rate float64) (float64, time.Duration) {
+	if len(ats) < 2 {
+		return 0, 0
+	}
+	slices.SortFunc(ats, func(a, b time.Time) int { return a.Compare(b) })
+	long := time.Second
+	if rate > 0 {
+		long = max(long, time.Duration(4/rate*float64(time.Second)))
+	}
+	var waited time.Duration
+	for i := 1; i < len(ats); i++ {
+		if gap := ats[i].Sub(ats[i-1]); gap > long {
+			waited += gap
+		}
+	}
+	last := ats[len(ats)-1]
+	from := len(ats) - 1
+	for from > 0 && last.Sub(ats[from-1]) <= RateWindow {
+		from--
+	}
+	// Within the window, the waits are left out too: a pause in the
+	// middle of it is no slower pace.
+	var span time.Duration
+	slots := 0
+	for i := from + 1; i < len(ats); i++ {
+		if gap := ats[i].Sub(ats[i-1]); gap <= long {
+			span += gap
+			slots++
+		}
+	}
+	if span <= 0 {
+		return 0, waited
+	}
+	return float64(slots) / span.Seconds(), waited
 }
 
 // step is where a run left one letter.

@@ -2378,8 +2378,12 @@ type Progress struct {
 	Skipped int64 `protobuf:"varint,6,opt,name=skipped,proto3" json:"skipped,omitempty"`
 	// At the run's rate, when the rest will be published.
 	Eta *durationpb.Duration `protobuf:"bytes,7,opt,name=eta,proto3" json:"eta,omitempty"`
-	// Published per second so far.
-	Rate          float64 `protobuf:"fixed64,8,opt,name=rate,proto3" json:"rate,omitempty"`
+	// Published per second over the run's recent publishing (its last 10 s
+	// of publishes): the pace it keeps, not lowered by its waits.
+	Rate float64 `protobuf:"fixed64,8,opt,name=rate,proto3" json:"rate,omitempty"`
+	// How long the run waited between publishes so far, not publishing: for
+	// the sample's outcomes, while paused, for a takeover.
+	Waited        *durationpb.Duration `protobuf:"bytes,9,opt,name=waited,proto3" json:"waited,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2468,6 +2472,13 @@ func (x *Progress) GetRate() float64 {
 		return x.Rate
 	}
 	return 0
+}
+
+func (x *Progress) GetWaited() *durationpb.Duration {
+	if x != nil {
+		return x.Waited
+	}
+	return nil
 }
 
 var File_admin_v1_admin_proto protoreflect.FileDescriptor
@@ -2690,7 +2701,7 @@ const file_admin_v1_admin_proto_rawDesc = "" +
 	"\x05force\x18\x10 \x01(\bR\x05force\x126\n" +
 	"\bprogress\x18\x11 \x01(\v2\x1a.handoff.admin.v1.ProgressR\bprogress\x12\x10\n" +
 	"\x03ids\x18\x12 \x03(\tR\x03ids\x12\x17\n" +
-	"\adry_run\x18\x13 \x01(\bR\x06dryRun\"\xef\x01\n" +
+	"\adry_run\x18\x13 \x01(\bR\x06dryRun\"\xa2\x02\n" +
 	"\bProgress\x12\x1a\n" +
 	"\bselected\x18\x01 \x01(\x03R\bselected\x12\x1c\n" +
 	"\tpublished\x18\x02 \x01(\x03R\tpublished\x12\x18\n" +
@@ -2699,7 +2710,8 @@ const file_admin_v1_admin_proto_rawDesc = "" +
 	"\tremaining\x18\x05 \x01(\x03R\tremaining\x12\x18\n" +
 	"\askipped\x18\x06 \x01(\x03R\askipped\x12+\n" +
 	"\x03eta\x18\a \x01(\v2\x19.google.protobuf.DurationR\x03eta\x12\x12\n" +
-	"\x04rate\x18\b \x01(\x01R\x04rate2\xe4\x06\n" +
+	"\x04rate\x18\b \x01(\x01R\x04rate\x121\n" +
+	"\x06waited\x18\t \x01(\v2\x19.google.protobuf.DurationR\x06waited2\xe4\x06\n" +
 	"\x05Admin\x12I\n" +
 	"\tGetStatus\x12\".handoff.admin.v1.GetStatusRequest\x1a\x18.handoff.admin.v1.Status\x12F\n" +
 	"\bGetEvent\x12!.handoff.admin.v1.GetEventRequest\x1a\x17.handoff.admin.v1.Event\x12U\n" +
@@ -2802,31 +2814,32 @@ var file_admin_v1_admin_proto_depIdxs = []int32{
 	30, // 39: handoff.admin.v1.Replay.ended_at:type_name -> google.protobuf.Timestamp
 	27, // 40: handoff.admin.v1.Replay.progress:type_name -> handoff.admin.v1.Progress
 	31, // 41: handoff.admin.v1.Progress.eta:type_name -> google.protobuf.Duration
-	0,  // 42: handoff.admin.v1.Admin.GetStatus:input_type -> handoff.admin.v1.GetStatusRequest
-	8,  // 43: handoff.admin.v1.Admin.GetEvent:input_type -> handoff.admin.v1.GetEventRequest
-	18, // 44: handoff.admin.v1.Admin.GetDeadLetter:input_type -> handoff.admin.v1.GetDeadLetterRequest
-	12, // 45: handoff.admin.v1.Admin.ListDeadLetters:input_type -> handoff.admin.v1.ListDeadLettersRequest
-	19, // 46: handoff.admin.v1.Admin.ApproveDeadLetter:input_type -> handoff.admin.v1.ApproveDeadLetterRequest
-	20, // 47: handoff.admin.v1.Admin.TerminateDeadLetter:input_type -> handoff.admin.v1.TerminateDeadLetterRequest
-	21, // 48: handoff.admin.v1.Admin.CreateReplay:input_type -> handoff.admin.v1.CreateReplayRequest
-	22, // 49: handoff.admin.v1.Admin.GetReplay:input_type -> handoff.admin.v1.GetReplayRequest
-	24, // 50: handoff.admin.v1.Admin.ListReplays:input_type -> handoff.admin.v1.ListReplaysRequest
-	23, // 51: handoff.admin.v1.Admin.CancelReplay:input_type -> handoff.admin.v1.CancelReplayRequest
-	1,  // 52: handoff.admin.v1.Admin.GetStatus:output_type -> handoff.admin.v1.Status
-	9,  // 53: handoff.admin.v1.Admin.GetEvent:output_type -> handoff.admin.v1.Event
-	15, // 54: handoff.admin.v1.Admin.GetDeadLetter:output_type -> handoff.admin.v1.DeadLetter
-	13, // 55: handoff.admin.v1.Admin.ListDeadLetters:output_type -> handoff.admin.v1.ListDeadLettersResponse
-	15, // 56: handoff.admin.v1.Admin.ApproveDeadLetter:output_type -> handoff.admin.v1.DeadLetter
-	15, // 57: handoff.admin.v1.Admin.TerminateDeadLetter:output_type -> handoff.admin.v1.DeadLetter
-	26, // 58: handoff.admin.v1.Admin.CreateReplay:output_type -> handoff.admin.v1.Replay
-	26, // 59: handoff.admin.v1.Admin.GetReplay:output_type -> handoff.admin.v1.Replay
-	25, // 60: handoff.admin.v1.Admin.ListReplays:output_type -> handoff.admin.v1.ListReplaysResponse
-	26, // 61: handoff.admin.v1.Admin.CancelReplay:output_type -> handoff.admin.v1.Replay
-	52, // [52:62] is the sub-list for method output_type
-	42, // [42:52] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	31, // 42: handoff.admin.v1.Progress.waited:type_name -> google.protobuf.Duration
+	0,  // 43: handoff.admin.v1.Admin.GetStatus:input_type -> handoff.admin.v1.GetStatusRequest
+	8,  // 44: handoff.admin.v1.Admin.GetEvent:input_type -> handoff.admin.v1.GetEventRequest
+	18, // 45: handoff.admin.v1.Admin.GetDeadLetter:input_type -> handoff.admin.v1.GetDeadLetterRequest
+	12, // 46: handoff.admin.v1.Admin.ListDeadLetters:input_type -> handoff.admin.v1.ListDeadLettersRequest
+	19, // 47: handoff.admin.v1.Admin.ApproveDeadLetter:input_type -> handoff.admin.v1.ApproveDeadLetterRequest
+	20, // 48: handoff.admin.v1.Admin.TerminateDeadLetter:input_type -> handoff.admin.v1.TerminateDeadLetterRequest
+	21, // 49: handoff.admin.v1.Admin.CreateReplay:input_type -> handoff.admin.v1.CreateReplayRequest
+	22, // 50: handoff.admin.v1.Admin.GetReplay:input_type -> handoff.admin.v1.GetReplayRequest
+	24, // 51: handoff.admin.v1.Admin.ListReplays:input_type -> handoff.admin.v1.ListReplaysRequest
+	23, // 52: handoff.admin.v1.Admin.CancelReplay:input_type -> handoff.admin.v1.CancelReplayRequest
+	1,  // 53: handoff.admin.v1.Admin.GetStatus:output_type -> handoff.admin.v1.Status
+	9,  // 54: handoff.admin.v1.Admin.GetEvent:output_type -> handoff.admin.v1.Event
+	15, // 55: handoff.admin.v1.Admin.GetDeadLetter:output_type -> handoff.admin.v1.DeadLetter
+	13, // 56: handoff.admin.v1.Admin.ListDeadLetters:output_type -> handoff.admin.v1.ListDeadLettersResponse
+	15, // 57: handoff.admin.v1.Admin.ApproveDeadLetter:output_type -> handoff.admin.v1.DeadLetter
+	15, // 58: handoff.admin.v1.Admin.TerminateDeadLetter:output_type -> handoff.admin.v1.DeadLetter
+	26, // 59: handoff.admin.v1.Admin.CreateReplay:output_type -> handoff.admin.v1.Replay
+	26, // 60: handoff.admin.v1.Admin.GetReplay:output_type -> handoff.admin.v1.Replay
+	25, // 61: handoff.admin.v1.Admin.ListReplays:output_type -> handoff.admin.v1.ListReplaysResponse
+	26, // 62: handoff.admin.v1.Admin.CancelReplay:output_type -> handoff.admin.v1.Replay
+	53, // [53:63] is the sub-list for method output_type
+	43, // [43:53] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_admin_v1_admin_proto_init() }
