@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -299,6 +300,12 @@ func (x *Index) readLedgerUntil(ctx context.Context, src Source, nonce string, c
 			l = Letter{ID: id, Source: src.Name, State: Pending}
 		}
 		to, err := Decide(l.State, r.Transition)
+		if at, late := lateReplay(&l, r.Transition, r.ReplayID); err != nil && late {
+			// The runner's record of a publish whose outcome came first.
+			l.History = slices.Insert(l.History, at, r)
+			c.Records++
+			return putLetter(tx, &old, &l)
+		}
 		if err != nil {
 			c.Refused++
 			x.log.Info("ledger record refused in the ledger's order", "id", r.ID, "offset", e.offset, "err", err)

@@ -120,6 +120,10 @@ func (x *Index) decide(c Change) (Letter, State, error) {
 		return l, "", fmt.Errorf("%w: %s", ErrNotFound, c.ID)
 	}
 	to, err := Decide(l.State, c.Transition)
+	if _, late := lateReplay(&l, c.Transition, c.ReplayID); err != nil && late {
+		// Recorded after the outcome it precedes, the state left as it is.
+		return l, l.State, nil
+	}
 	return l, to, err
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -210,14 +211,26 @@ func TestLedgerOrderDecides(t *testing.T) {
 	f.ledgerRecord(t, Record{ID: "elsewhere.dlq/0", Transition: Terminate, State: Terminated})
 
 	c := f.catchUp(t)
-	if c.Records != 3 || c.Refused != 4 || c.Skipped != 2 {
+	if c.Records != 4 || c.Refused != 3 || c.Skipped != 2 {
 		t.Fatalf("caught %+v", c)
 	}
 	if l := f.get(t, "orders.dlq/0"); l.State != Terminated || len(l.History) != 1 || l.History[0].Who != "bob" {
 		t.Fatalf("letter 0 %+v", l)
 	}
-	if l := f.get(t, "orders.dlq/1"); l.State != Done {
-		t.Fatalf("letter 1 %+v", l)
+	// The late replay record is kept, before the outcome it preceded: the
+	// history says who published the copy, and the state stays done.
+	l := f.get(t, "orders.dlq/1")
+	var order []Transition
+	for _, r := range l.History {
+		order = append(order, r.Transition)
+	}
+	if l.State != Done || !slices.Equal(order, []Transition{Approve, Replay, Complete}) {
+		t.Fatalf("letter 1 is %s with history %v, want done with approve, replay, complete", l.State, order)
+	}
+	// A second replay record of the same replay is refused.
+	f.ledgerRecord(t, Record{ID: "orders.dlq/1", Transition: Replay, State: Replaying, ReplayID: "r1"})
+	if c := f.catchUp(t); c.Refused != 1 || c.Records != 0 {
+		t.Fatalf("a second late replay record: caught %+v", c)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -200,6 +201,22 @@ func TestReplayPublishesApprovedAtItsRate(t *testing.T) {
 	rest := got[3:]
 	if span := rest[len(rest)-1].at.Sub(rest[0].at); span < time.Duration(len(rest)-3)*25*time.Millisecond*9/10 {
 		t.Fatalf("%d copies in %v: faster than 40/s", len(rest), span)
+	}
+	// The app's outcome reaches the ledger before the runner's record of
+	// the publish (this fake app handles each copy before Republish
+	// returns): the history still reads as it happened.
+	for _, id := range f.ids[:10] {
+		l, err := m.Get(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var order []Transition
+		for _, r := range l.History {
+			order = append(order, r.Transition)
+		}
+		if !slices.Equal(order, []Transition{Approve, Replay, Complete}) {
+			t.Errorf("history of %s: %v, want approve, replay, complete", id, order)
+		}
 	}
 	c, _ := m.Counts("orders")
 	if c.ByState[Done] != 10 || c.ByState[Terminated] != 1 || c.ByState[Pending] != 1 || c.Open != 1 {

@@ -109,8 +109,8 @@ func (e *IllegalError) Is(target error) bool { return target == ErrIllegal }
 // Complete and FailReplay are legal from Approved as well as from Replaying:
 // the replica that records a replay's Replay record and the replica that
 // handles the replayed copy race, and the outcome's record can reach the
-// ledger first. The late Replay record is then refused, which leaves the
-// outcome standing.
+// ledger first. The late Replay record is then kept in the history, before
+// the outcome it precedes, without changing the state (see lateReplay).
 func Decide(from State, t Transition) (State, error) {
 	to, ok := legal[from][t]
 	if !ok {
@@ -144,4 +144,32 @@ var legal = map[State]map[Transition]State{
 		Terminate:  Terminated,
 		Expire:     Expired,
 	},
+}
+
+// lateReplay reports where in l's history a Replay record of replayID goes
+// when it reaches the ledger after the outcome of the copy it published (the
+// handling replica was quicker than the runner): before that outcome, so
+// the history reads approve → replay → complete, as it happened. The state
+// stays the outcome's. ok is false when r is not such a record.
+func lateReplay(l *Letter, t Transition, replayID string) (at int, ok bool) {
+	if t != Replay || replayID == "" || (l.State != Done && l.State != FailedReplay) {
+		return 0, false
+	}
+	for i := len(l.History) - 1; i >= 0; i-- {
+		h := l.History[i]
+		switch {
+		case h.ReplayID != replayID:
+			continue
+		case h.Transition == Replay:
+			return 0, false // recorded already
+		case h.Transition == Complete || h.Transition == FailReplay:
+			for j := i - 1; j >= 0; j-- {
+				if l.History[j].Transition == Replay && l.History[j].ReplayID == replayID {
+					return 0, false
+				}
+			}
+			return i, true
+		}
+	}
+	return 0, false
 }
