@@ -125,15 +125,20 @@ journal: {path: %q}
 		if starts == maxStarts {
 			path := filepath.Join(os.TempDir(), "handoff-"+strings.ReplaceAll(t.Name(), "/", "-")+".log")
 			_ = os.WriteFile(path, logs.Bytes(), 0o644)
-			t.Fatalf("not settled after %d starts (%d killer calls); log in %s", starts, killerCalls, path)
+			mu.Lock()
+			calls := killerCalls
+			mu.Unlock()
+			t.Fatalf("not settled after %d starts (%d killer calls); log in %s", starts, calls, path)
 		}
 		starts++
 		cmd := exec.Command(bin, "run", "--config", cfgPath)
 		cmd.Stderr = &logs
-		cur.Store(cmd)
+		// Published only once started: the app's handler reads cmd.Process,
+		// which Start writes.
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
+		cur.Store(cmd)
 		exited := make(chan struct{})
 		go func() { _ = cmd.Wait(); close(exited) }()
 		// Until the app kills it, or nothing is left to do. A message the
