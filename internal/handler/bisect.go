@@ -103,9 +103,16 @@ func (s *bisection) run(batch []*pending, refund func()) {
 			}
 		}
 	}
-	var halves sync.WaitGroup
+	// Both halves are paid for before either is sent: a half that failed
+	// and splits again must not take the token its sibling was owed, or
+	// what a budget buys would depend on which request answered first.
+	type paid struct {
+		part   []*pending
+		refund func()
+	}
+	var sends [2]paid
 	mid := len(batch) / 2
-	for _, part := range [][]*pending{batch[:mid], batch[mid:]} {
+	for i, part := range [][]*pending{batch[:mid], batch[mid:]} {
 		part = s.sendable(part, whole)
 		if len(part) == 0 {
 			continue
@@ -117,7 +124,13 @@ func (s *bisection) run(batch []*pending, refund func()) {
 			s.answerAll(part, res)
 			continue
 		}
-		halves.Go(func() { s.run(part, refund) })
+		sends[i] = paid{part, refund}
+	}
+	var halves sync.WaitGroup
+	for _, h := range sends {
+		if h.part != nil {
+			halves.Go(func() { s.run(h.part, h.refund) })
+		}
 	}
 	halves.Wait()
 }
