@@ -84,12 +84,14 @@ type Options struct {
 // produces copies. Consume runs its poll loop; Transfer may be called
 // concurrently; Close commits and leaves the group.
 type Client struct {
-	o    Options
-	cl   *kgo.Client
-	log  *slog.Logger
-	now  func() time.Time
-	sem  chan struct{} // a slot for each record handed out and not answered
-	held chan struct{} // a slot for each record handed out and not settled
+	o  Options
+	cl *kgo.Client
+	// balancer is the group's own balancer (balance.go).
+	balancer *perTopicBalancer
+	log      *slog.Logger
+	now      func() time.Time
+	sem      chan struct{} // a slot for each record handed out and not answered
+	held     chan struct{} // a slot for each record handed out and not settled
 	// answeredBytes is what the records answered out of the window hold,
 	// up to maxAnswered.
 	answeredBytes atomic.Int64
@@ -210,6 +212,7 @@ func New(o Options) (*Client, error) {
 		retry:       map[string]bool{},
 		parts:       map[topicPartition]*partition{},
 		closed:      make(chan struct{}),
+		balancer:    &perTopicBalancer{},
 	}
 	topics := []string{o.Topic}
 	for _, t := range o.Tiers {
@@ -221,7 +224,7 @@ func New(o Options) (*Client, error) {
 		kgo.SeedBrokers(o.Brokers...),
 		kgo.ConsumerGroup(o.Group),
 		kgo.ConsumeTopics(topics...),
-		kgo.Balancers(kgo.CooperativeStickyBalancer()),
+		kgo.Balancers(groupBalancers(c.balancer)...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchMaxWait(500 * time.Millisecond),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
@@ -274,7 +277,11 @@ func New(o Options) (*Client, error) {
 	return c, nil
 }
 
-func (c *Client) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+func (c *Client) assigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
+	if c.balancer.unbalanced() {
+		c.log.Info("kafka group: restarted as its leader and given the previous plan; rebalancing once, in case it no longer fits")
+		cl.ForceRebalance()
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for topic, ps := range assigned {
