@@ -40,19 +40,33 @@ func TestTraceAcrossRetryCopiesRabbitMQ(t *testing.T) {
 	publish(t, conn, q,
 		publishing{MessageId: "untraced", Body: []byte("x")},
 		publishing{MessageId: "traced", Body: []byte("y"), Headers: amqp.Table{"traceparent": "00-" + producerTrace + "-" + producerSpan + "-01"}},
+		// Present but invalid, which W3C says to treat as absent: the
+		// first attempt starts the trace and the copy carries it, not the
+		// header it came with.
+		publishing{MessageId: "zero-parent", Body: []byte("z"), Headers: amqp.Table{"traceparent": "00-00000000000000000000000000000000-0000000000000000-01"}},
+		publishing{MessageId: "bad-parent", Body: []byte("w"), Headers: amqp.Table{"traceparent": "00-not-a-trace-01"}},
 	)
+	ids := []string{"untraced", "traced", "zero-parent", "bad-parent"}
 	waitFor(t, 20*time.Second, "two attempts of each", func() bool {
-		return len(a.callsFor("untraced")) == 2 && len(a.callsFor("traced")) == 2 && len(attemptSpans(rec.Ended())) == 2 &&
-			len(attemptSpans(rec.Ended())["untraced"]) == 2 && len(attemptSpans(rec.Ended())["traced"]) == 2
+		spans := attemptSpans(rec.Ended())
+		for _, id := range ids {
+			if len(a.callsFor(id)) != 2 || len(spans[id]) != 2 {
+				return false
+			}
+		}
+		return true
 	})
 	s.stop(t)
 
 	ended := rec.Ended()
 	spans := attemptSpans(ended)
-	for _, id := range []string{"untraced", "traced"} {
+	for _, id := range ids {
 		ss := spans[id]
 		if len(ss) != 2 {
 			t.Fatalf("%s: %d spans, want 2", id, len(ss))
+		}
+		if !ss[0].SpanContext().TraceID().IsValid() {
+			t.Errorf("%s: its first attempt has no valid trace", id)
 		}
 		if ss[0].SpanContext().TraceID() != ss[1].SpanContext().TraceID() {
 			t.Errorf("%s: its attempts are in two traces: %s, %s", id, ss[0].SpanContext().TraceID(), ss[1].SpanContext().TraceID())
