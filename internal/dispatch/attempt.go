@@ -87,8 +87,9 @@ func (h *handoff) attempt(ctx context.Context, at time.Time) {
 				return
 			}
 		}
-		// A message the sidecar stopped during before is called alone.
-		alone := t.Stops > 0
+		// A message the sidecar stopped during often enough is called
+		// alone (isolation.go).
+		alone := t.Stops >= suspectStops
 		if !h.isolate(ctx, alone) {
 			e.limiter.Release(0)
 			return

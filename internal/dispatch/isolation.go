@@ -13,20 +13,33 @@ import (
 // A message whose call the sidecar died in (a crash loop: a body that
 // makes the process run out of memory, a handler bug that takes the pod
 // down) looks, after the restart, like every other call that was in flight
-// then. So from then on it is called alone: its call waits until no other
-// is in flight or unsettled, and holds the others off while it runs. If the
-// sidecar dies again during such a call, the message's own call is the
-// cause; the second time, it is dead-lettered as delivery-limit, with the
-// stops as its evidence, before the broker's own delivery limit drops it.
+// then. One stop says little: a pod killed from outside leaves every call
+// in flight with one. A message in flight at suspectStops stops is called
+// alone from then on: its call waits until no other is in flight or
+// unsettled, and holds the others off while it runs. If the sidecar dies
+// during killerStops such calls, the message's own call is the cause: it
+// is dead-lettered as delivery-limit, with the stops as its evidence,
+// before the broker's own delivery limit drops it.
+//
+// Suspects are few, so the alone calls after a restart are few: had every
+// call in flight at one stop been called alone, a restart would spend its
+// first seconds calling them one by one, and kills from outside landing
+// in that stretch (a rollout, a node drained) would each be blamed on the
+// message alone at the time; two such and a healthy message was
+// dead-lettered.
 //
 // A quorum queue counts every return of a message, and a crash returns the
 // whole unacked window: messages never called are counted too. A delivery
 // on its final count (broker.Message.FinalDelivery) is therefore never
 // called; it is moved to a retry tier as a copy, whose count starts again.
 
+// suspectStops is how many stops a message must have been in flight at
+// before it is called alone.
+const suspectStops = 2
+
 // killerStops is how many alone calls a message may be in when the sidecar
 // stops before it is taken for the cause. One could be chance (a node
-// drained, an unrelated crash); two in a row alone are not.
+// drained, an unrelated crash); two alone, after two shared, are not.
 const killerStops = 2
 
 // isolation keeps alone calls alone: every other call holds it shared from
