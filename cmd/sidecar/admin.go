@@ -84,7 +84,7 @@ func adminSource(sc config.Source, src source, tiers []config.Duration) admin.So
 		}
 	case sc.Kafka != nil:
 		out.Broker, out.From = "kafka", sc.Kafka.Topic
-		if sc.Kafka.Ordering == "none" { // ordered modes retry in place
+		if !sc.Kafka.Ordering.InPlace() { // ordered modes have no retry topics
 			for _, t := range tiers {
 				out.Tiers = append(out.Tiers, admin.Tier{Name: kafka.RetryTopic(sc.Kafka.Topic, sc.Kafka.Group, t.D()), Delay: t.D()})
 			}

@@ -167,7 +167,7 @@ func runDev(ctx context.Context, out io.Writer, o devOptions) error {
 	}
 	declare := true
 	cfg.Sources = []config.Source{{Name: "demo", Kafka: &config.Kafka{
-		Brokers: brokers, Topic: devTopic, Group: devGroup, Ordering: "none", Declare: &declare, MaxInFlight: 32,
+		Brokers: brokers, Topic: devTopic, Group: devGroup, Ordering: broker.OrderNone, Declare: &declare, MaxInFlight: 32,
 	}}}
 	cfg.Retry.MaxAttempts = 4
 	cfg.Retry.Tiers = []config.Duration{config.Duration(time.Second), config.Duration(3 * time.Second)}

@@ -28,7 +28,7 @@ func orderWorkload(t *testing.T, b kafkaBackend, ordering string, n int) (*app, 
 		w.WriteHeader(http.StatusOK)
 	})
 	cfg := kafkaConfig(a.url(), brokers, topic, tier)
-	cfg.Sources[0].Kafka.Ordering = ordering
+	cfg.Sources[0].Kafka.Ordering = broker.Ordering(ordering)
 	cfg.Retry.MaxAttempts = 3
 	startSidecar(t, cfg)
 

@@ -150,7 +150,7 @@ func kafkaSource(sc config.Source, tiers []time.Duration, deadLetterRetention ti
 			CESource:    "/kafka/" + k.Topic,
 			// Ordered modes retry where the record is: a copy in a retry
 			// topic would let the records behind it overtake it.
-			InPlace: k.Ordering != "none",
+			InPlace: k.Ordering.InPlace(),
 			// One poll loop brings records and retries: the client pauses
 			// its retry topics while the budget is spent.
 			RetriesShareIntake: true,

@@ -3,6 +3,7 @@ package config
 import (
 	"time"
 
+	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/journal"
 )
 
@@ -94,7 +95,7 @@ type Kafka struct {
 	Group   string   `yaml:"group"`
 	// Ordering is none (parallel within a partition; the default), key or
 	// partition.
-	Ordering string `yaml:"ordering"`
+	Ordering broker.Ordering `yaml:"ordering"`
 	// Declare creates the retry and dead-letter topics when missing.
 	Declare *bool `yaml:"declare"`
 	// TransactionalTransfer produces a copy and commits the source offset in
@@ -321,7 +322,7 @@ func (c *Config) applySourceDefaults() {
 	for i := range c.Sources {
 		if k := c.Sources[i].Kafka; k != nil {
 			if k.Ordering == "" {
-				k.Ordering = "none"
+				k.Ordering = broker.OrderNone
 			}
 			if k.Declare == nil {
 				t := true

@@ -210,9 +210,7 @@ func (k *Kafka) validate(path string, ps *Problems) {
 		ps.add(path+".group", "the dead-letter ledger's topic %s.%s.dlq.ledger would be %d characters; Kafka allows %d: shorten the topic or the group",
 			k.Topic, k.Group, n, maxKafkaTopicName)
 	}
-	switch k.Ordering {
-	case "", "none", "key", "partition":
-	default:
+	if k.Ordering != "" && !k.Ordering.Valid() {
 		ps.add(path+".ordering", "want none, key or partition, got %q", k.Ordering)
 	}
 	if k.MaxInFlight < 0 {

@@ -31,9 +31,9 @@ type Options struct {
 	// created with; zero leaves the brokers' default. An existing topic keeps
 	// its own.
 	DeadLetterRetention time.Duration
-	// Ordering is "none", "key" (records of one key one at a time, in
-	// order) or "partition" (records of one partition one at a time).
-	Ordering string
+	// Ordering is how a partition's records are handed over; the zero
+	// value is broker.OrderNone.
+	Ordering broker.Ordering
 	// MaxInFlight bounds records handed out and not yet answered: Kafka
 	// has no prefetch, so this is what holds intake back. Zero means 256.
 	// A record the app has answered whose outcome is being committed

@@ -88,9 +88,9 @@ func (c *Client) newDelivery(st *partition, r *kgo.Record) *delivery {
 	var order string
 	if !c.retry[r.Topic] {
 		switch c.o.Ordering {
-		case "partition":
+		case broker.OrderPartition:
 			order = r.Topic + "/" + strconv.Itoa(int(r.Partition))
-		case "key":
+		case broker.OrderKey:
 			// A key lives in one partition; the partition in the name keeps
 			// keys of two topics apart.
 			order = r.Topic + "/" + strconv.Itoa(int(r.Partition)) + "/" + string(r.Key)
