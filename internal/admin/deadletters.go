@@ -10,8 +10,8 @@ import (
 
 	adminv1 "handoff.dev/handoff/api/admin/v1"
 	"handoff.dev/handoff/internal/broker"
-	"handoff.dev/handoff/internal/config"
 	"handoff.dev/handoff/internal/deadletter"
+	"handoff.dev/handoff/internal/redact"
 )
 
 // DeadLetters is what the admin API asks of the dead letters of every
@@ -73,7 +73,7 @@ func (s *service) who(operator string) (string, error) {
 	if operator == "" {
 		return s.o.TokenName, nil
 	}
-	if len(operator) > MaxOperatorLen || !config.Printable(operator) {
+	if len(operator) > MaxOperatorLen || !redact.Printable(operator) {
 		return "", grpcstatus.Errorf(codes.InvalidArgument, "operator: want at most %d bytes of printable text", MaxOperatorLen)
 	}
 	return s.o.TokenName + "/" + operator, nil
@@ -279,7 +279,7 @@ func repairOf(req *adminv1.ApproveDeadLetterRequest) (*deadletter.Repair, error)
 		return nil, nil
 	case len(body) > deadletter.MaxRepairBody:
 		return nil, grpcstatus.Errorf(codes.InvalidArgument, "repair_body: %d bytes, at most %d", len(body), deadletter.MaxRepairBody)
-	case len(ct) > maxContentType || !config.Printable(ct):
+	case len(ct) > maxContentType || !redact.Printable(ct):
 		return nil, grpcstatus.Errorf(codes.InvalidArgument, "repair_content_type: want at most %d bytes of printable text", maxContentType)
 	}
 	if err := why("repair_note", note, false); err != nil {

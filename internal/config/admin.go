@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"net"
 	"strings"
-	"unicode"
-	"unicode/utf8"
+
+	"handoff.dev/handoff/internal/redact"
 )
 
 func (a *Admin) validate(ps *Problems) {
@@ -13,24 +13,9 @@ func (a *Admin) validate(ps *Problems) {
 	if a.AllowAnonymousRead && a.Listen != "" && !LoopbackAddr(a.Listen) {
 		ps.add("admin.allow_anonymous_read", "only on a loopback listener: admin.listen %q is reachable from other hosts; set a token_file instead", a.Listen)
 	}
-	if a.TokenName == "" || len(a.TokenName) > MaxTokenNameLen || !Printable(a.TokenName) {
+	if a.TokenName == "" || len(a.TokenName) > MaxTokenNameLen || !redact.Printable(a.TokenName) {
 		ps.add("admin.token_name", "want 1 to %d bytes of printable text (who the dead-letter ledger records), got %q", MaxTokenNameLen, a.TokenName)
 	}
-}
-
-// Printable reports whether s is valid UTF-8 of printable characters,
-// spaces included and control characters not: a name a ledger or a log
-// shows as it is.
-func Printable(s string) bool {
-	if !utf8.ValidString(s) {
-		return false
-	}
-	for _, r := range s {
-		if !unicode.IsPrint(r) {
-			return false
-		}
-	}
-	return true
 }
 
 // Enabled reports whether the admin API is served: with a token, or with

@@ -116,7 +116,7 @@ func (c *Config) Validate() error {
 	if c.Shutdown.HTTPDrain && c.Shutdown.DrainToken == "" && c.Telemetry.MetricsListen != "" && !LoopbackAddr(c.Telemetry.MetricsListen) {
 		ps.add("shutdown.http_drain", "telemetry.metrics_listen %q is reachable from other hosts, and /drain would stop the sidecar for any of them: set HANDOFF_DRAIN_TOKEN (the sidecar injector does), or listen on loopback", c.Telemetry.MetricsListen)
 	}
-	if t := c.Shutdown.DrainToken; t != "" && (len(t) < MinDrainTokenLen || !Printable(t) || strings.ContainsRune(t, ' ')) {
+	if t := c.Shutdown.DrainToken; t != "" && (len(t) < MinDrainTokenLen || !redact.Printable(t) || strings.ContainsRune(t, ' ')) {
 		ps.add("shutdown.drain_token", "want at least %d bytes of printable text without spaces (a header value), got %d bytes", MinDrainTokenLen, len(t))
 	}
 	if c.Shutdown.DrainTimeout < 0 {
