@@ -19,4 +19,3 @@ func Printable(s string) bool {
 	}
 	return true
 }
-
