@@ -34,12 +34,9 @@ brokers-stop:
 	-scripts/kafka-local stop
 	-scripts/rabbitmq-local stop
 
-# The full suite, broker tests included, with the race detector. Most broker
-# tests spend their time waiting (on timers, brokers, restarts), so four run
-# at once in a package on these two cores: cmd/sidecar's take 5 minutes so,
-# 10 at go test's default of one per core.
+# The full suite, broker tests included, with the race detector.
 test: brokers
-	$(GO) test -race -count=1 -parallel 4 -timeout 15m $(PKGS)
+	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 
 # Unit tests only (no broker needed).
 test-short:

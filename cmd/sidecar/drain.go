@@ -15,6 +15,12 @@ import (
 // window (telemetry.drain_window): every 5 s in the default minute.
 const drainReadings = 12
 
+// minBacklogRead is the least time a backlog read is given. A reading's
+// time is its interval, but with a short drain window on a busy broker
+// every read of a tenth of a second timed out and no estimate was ever
+// made; a slow read only delays the next reading.
+const minBacklogRead = 2 * time.Second
+
 // drains reads every source's backlog at intervals and estimates its
 // arrival and completion rates and its drain time (seed 000: B/(μ−λ)).
 type drains struct {
@@ -58,7 +64,7 @@ func (d *drains) read(ctx context.Context) {
 		// can take a while, and the rates are over the readings' dates.
 		at := time.Now()
 		taken := d.metrics.Taken(s.name)
-		rctx, cancel := context.WithTimeout(ctx, d.every)
+		rctx, cancel := context.WithTimeout(ctx, max(d.every, minBacklogRead))
 		b, produced, known, err := s.backlog(rctx)
 		cancel()
 		if err != nil {
