@@ -237,22 +237,23 @@ func testMembersShare(t *testing.T, addrs []string, topic, group string, tiers [
 	}
 	settle := func(what string) {
 		t.Helper()
-		deadline := time.Now().Add(60 * time.Second)
-		for {
-			ok, seen := shared()
-			if ok {
-				// Held for a moment: not a plan on its way to another.
-				time.Sleep(300 * time.Millisecond)
-				if ok, _ = shared(); ok {
-					t.Logf("%s: %s", what, seen)
-					return
-				}
+		var seen string
+		held := 0 // consecutive looks that found it shared: not a plan on its way to another
+		defer func() {
+			if t.Failed() {
+				t.Logf("%s: last seen %s", what, seen)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not shared after 60s: %s", what, seen)
+		}()
+		waitUntil(t, 60*time.Second, what+": every topic shared for 300ms", func() bool {
+			var ok bool
+			if ok, seen = shared(); ok {
+				held++
+			} else {
+				held = 0
 			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return held >= 30
+		})
+		t.Logf("%s: %s", what, seen)
 	}
 	join()
 	join()
