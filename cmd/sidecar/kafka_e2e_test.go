@@ -217,6 +217,26 @@ func testKafkaOutcomeContract(t *testing.T, transport string, brokers []string, 
 // every partition of topic is the partition's log end.
 func checkCommittedAtLogEnd(t *testing.T, brokers []string, topic string) {
 	t.Helper()
+	// An offset committed in a transaction becomes visible once the
+	// coordinator has written the commit markers, a moment after the
+	// transaction ended: look again for a while before calling it missing.
+	var behind []string
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		behind = committedBehind(t, brokers, topic)
+		if len(behind) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, b := range behind {
+		t.Error(b)
+	}
+}
+
+// committedBehind lists the partitions of topic whose committed offset in
+// the test group is not the partition's log end.
+func committedBehind(t *testing.T, brokers []string, topic string) []string {
+	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
 		t.Fatal(err)
@@ -227,27 +247,15 @@ func checkCommittedAtLogEnd(t *testing.T, brokers []string, topic string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// An offset committed in a transaction becomes visible once the
-	// coordinator has written the commit markers, a moment after the
-	// transaction ended: look again for a while before calling it missing.
+	offs, err := adm.FetchOffsets(context.Background(), kafkaGroup(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
 	var behind []string
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		offs, err := adm.FetchOffsets(context.Background(), kafkaGroup(topic))
-		if err != nil {
-			t.Fatal(err)
+	ends.Each(func(e kadm.ListedOffset) {
+		if got, _ := offs.Lookup(topic, e.Partition); got.At != e.Offset {
+			behind = append(behind, fmt.Sprintf("partition %d: committed %d, log end %d", e.Partition, got.At, e.Offset))
 		}
-		behind = behind[:0]
-		ends.Each(func(e kadm.ListedOffset) {
-			if got, _ := offs.Lookup(topic, e.Partition); got.At != e.Offset {
-				behind = append(behind, fmt.Sprintf("partition %d: committed %d, log end %d", e.Partition, got.At, e.Offset))
-			}
-		})
-		if len(behind) == 0 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	for _, b := range behind {
-		t.Error(b)
-	}
+	})
+	return behind
 }
