@@ -80,7 +80,10 @@ type index struct {
 	mu   sync.RWMutex
 	tail map[uint64]tailEntry
 	segs []*segment // oldest first
-	open map[uint64]openEntry
+	// filters holds the filters of the segments of the usual shape
+	// (filter.go); a segment with none here keeps its own.
+	filters []*slicedFilter
+	open    map[uint64]openEntry
 }
 
 func newIndex() *index {
@@ -92,15 +95,16 @@ func newIndex() *index {
 type segment struct {
 	last  uint64 // the last sequence number it covers: its key
 	n     int
-	bloom []uint64
+	bloom []uint64      // its filter, when it has one of its own
+	slot  *slicedFilter // else the sliced filter that holds it
 }
 
 // bloomBlock is a filter's block: one cache line.
 const bloomBlock = 8
 
-func newBloom(n int) []uint64 {
-	blocks := max(1, (n*10+511)/512)
-	return make([]uint64, blocks*bloomBlock)
+// newBloom is a filter for a segment being sealed (see sealWords).
+func newBloom() []uint64 {
+	return make([]uint64, sealWords())
 }
 
 // bloomBits are the block and the seven bits of h in it.
@@ -298,12 +302,7 @@ func (x *index) lookup(h uint64, segs []*segment, tail bool) (ref, bool, []*segm
 			return e.at, true, segs
 		}
 	}
-	for i := len(x.segs) - 1; i >= 0; i-- {
-		if bloomHas(x.segs[i].bloom, h) {
-			segs = append(segs, x.segs[i])
-		}
-	}
-	return 0, false, segs
+	return 0, false, x.mayHold(h, segs)
 }
 
 // resolve is h's newest part as of tx: the tail's, or the newest segment's

@@ -168,7 +168,7 @@ func (j *Journal) load() (Recovery, error) {
 			if err != nil {
 				return err
 			}
-			x.segs = append(x.segs, g)
+			x.addSegment(g)
 		}
 		from := uint64(1)
 		if len(x.segs) > 0 {

@@ -239,7 +239,7 @@ func (j *Journal) maybeSeal(tx *bolt.Tx) error {
 		merged[h] = e
 	}
 	entries := make([]indexEntry, 0, len(merged))
-	bloom := newBloom(len(merged))
+	bloom := newBloom()
 	for h, e := range merged {
 		entries = append(entries, indexEntry{h: h, r: e.at})
 		bloomAdd(bloom, h)
@@ -281,7 +281,7 @@ func (j *Journal) apply() {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if s.seal != nil {
-		x.segs = append(x.segs, s.seal)
+		x.addSegment(s.seal)
 		x.tail = make(map[uint64]tailEntry, len(x.tail))
 	} else {
 		for h, e := range s.tail {
@@ -303,7 +303,7 @@ func (j *Journal) apply() {
 		}
 	}
 	if len(s.dropped) > 0 {
-		x.segs = slices.DeleteFunc(x.segs, func(g *segment) bool { return slices.Contains(s.dropped, g.last) })
+		x.dropSegments(s.dropped)
 	}
 	if s.nextSeq > j.nextSeq {
 		j.nextSeq = s.nextSeq
