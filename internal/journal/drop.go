@@ -37,6 +37,7 @@ func (j *Journal) drop(tx *bolt.Tx, w *logWriter, req *dropRequest) error {
 	var cut uint64 // the first sequence number kept
 	var size int
 	var values [][]byte
+	var seqs []uint64
 	for k, v := c.First(); k != nil && len(k) == 8; k, v = c.Next() {
 		seq := binary.BigEndian.Uint64(k)
 		base, err := valueBase(v)
@@ -56,6 +57,7 @@ func (j *Journal) drop(tx *bolt.Tx, w *logWriter, req *dropRequest) error {
 		}
 		size += len(v)
 		values = append(values, v)
+		seqs = append(seqs, seq)
 		cut = seq + 1
 	}
 	if cut == 0 {
@@ -81,9 +83,12 @@ func (j *Journal) drop(tx *bolt.Tx, w *logWriter, req *dropRequest) error {
 		req.dropped += j.countClosed(v)
 	}
 	j.staged.cut = cut
-	// Delete after the copies are written: they were read from these.
-	for k, _ := c.First(); k != nil && len(k) == 8 && binary.BigEndian.Uint64(k) < cut; k, _ = c.First() {
-		if err := c.Delete(); err != nil {
+	// Delete after the copies are written: they were read from these. Each
+	// by its key: a cursor's First after each delete would pass over every
+	// leaf emptied before it, which grows with the range.
+	var key [8]byte
+	for _, seq := range seqs {
+		if err := log.Delete(binary.BigEndian.AppendUint64(key[:0], seq)); err != nil {
 			return err
 		}
 	}
