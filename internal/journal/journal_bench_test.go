@@ -125,64 +125,78 @@ func BenchmarkState(b *testing.B) {
 // second and the live data each adds to the file.
 func BenchmarkHandoffs(b *testing.B) {
 	for _, ids := range []string{"random", "counted"} {
-		b.Run("ids="+ids, func(b *testing.B) {
-			// The backlog is written once and copied for each run of the
-			// benchmark: the framework runs it several times.
-			path := filepath.Join(b.TempDir(), "journal.db")
-			if err := copyFile(backlog(b, ids), path); err != nil {
-				b.Fatal(err)
-			}
-			var commits, records atomic.Int64
-			j, _, err := Open(path, testOptions(Options{Sync: SyncBatch, BeforeCommit: func(n int) error {
-				commits.Add(1)
-				records.Add(int64(n))
-				return nil
-			}}))
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer j.Close()
-			before, err := j.Stats()
-			if err != nil {
-				b.Fatal(err)
-			}
-			// The ids are made before the clock starts: a delivery brings
-			// its own, and making one is not the journal's work.
-			keys := make([]Key, b.N)
-			for i := range keys {
-				keys[i] = Key{Source: "bench", EventID: eventID(ids, uint64(backlogSize+i))}
-			}
-			var n atomic.Int64
-			// 256 hand-offs in flight, Kafka's default window: with a
-			// durable commit per batch, what waits is what one commit holds.
-			b.SetParallelism(max(1, handoffsInFlight/runtime.GOMAXPROCS(0)))
-			b.ReportAllocs()
-			cpu := startCPU()
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					if err := benchHandoff(b.Context(), j, keys[n.Add(1)-1]); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			})
-			b.StopTimer()
-			cpu.report(b)
-			after, err := j.Stats()
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "handoffs/s")
-			// The live data the run added, pages of the records, the
-			// indexes and the tree's own: what a hand-off costs on disk.
-			b.ReportMetric(float64(after.InUse-before.InUse)/float64(b.N), "bytes/handoff")
-			b.ReportMetric(float64(records.Load())/float64(max(commits.Load(), 1)), "records/commit")
-		})
+		b.Run("ids="+ids, func(b *testing.B) { benchHandoffs(b, ids, backlogSize) })
 	}
 }
 
+// BenchmarkHandoffsFull is BenchmarkHandoffs on a journal at its default
+// max_size, where a sidecar that has run for a while stays: some thirty
+// index segments to look an event up in, and the oldest hand-offs dropped
+// as new ones come.
+func BenchmarkHandoffsFull(b *testing.B) {
+	benchHandoffs(b, "random", fullBacklogSize)
+}
+
+func benchHandoffs(b *testing.B, ids string, size int) {
+	// The backlog is written once and copied for each run of the
+	// benchmark: the framework runs it several times.
+	path := filepath.Join(b.TempDir(), "journal.db")
+	if err := copyFile(backlog(b, ids, size), path); err != nil {
+		b.Fatal(err)
+	}
+	var commits, records atomic.Int64
+	j, _, err := Open(path, testOptions(Options{Sync: SyncBatch, BeforeCommit: func(n int) error {
+		commits.Add(1)
+		records.Add(int64(n))
+		return nil
+	}}))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer j.Close()
+	before, err := j.Stats()
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The ids are made before the clock starts: a delivery brings
+	// its own, and making one is not the journal's work.
+	keys := make([]Key, b.N)
+	for i := range keys {
+		keys[i] = Key{Source: "bench", EventID: eventID(ids, uint64(size+i))}
+	}
+	var n atomic.Int64
+	// 256 hand-offs in flight, Kafka's default window: with a
+	// durable commit per batch, what waits is what one commit holds.
+	b.SetParallelism(max(1, handoffsInFlight/runtime.GOMAXPROCS(0)))
+	b.ReportAllocs()
+	cpu := startCPU()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := benchHandoff(b.Context(), j, keys[n.Add(1)-1]); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	cpu.report(b)
+	after, err := j.Stats()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "handoffs/s")
+	// The live data the run added, pages of the records, the
+	// indexes and the tree's own: what a hand-off costs on disk.
+	b.ReportMetric(float64(after.InUse-before.InUse)/float64(b.N), "bytes/handoff")
+	b.ReportMetric(float64(records.Load())/float64(max(commits.Load(), 1)), "records/commit")
+}
+
 const backlogSize = 50000
+
+// fullBacklogSize is about what DefaultMaxSize holds, at some 135 bytes a
+// hand-off.
+const fullBacklogSize = 2_000_000
 
 // handoffsInFlight is how many hand-offs BenchmarkHandoffs keeps waiting on
 // the journal at once.
@@ -235,12 +249,13 @@ var (
 	backlogFiles = map[string]string{}
 )
 
-// backlog returns a journal file holding backlogSize settled hand-offs with
+// backlog returns a journal file holding size settled hand-offs with
 // ids of the given kind, written once per test binary.
-func backlog(b *testing.B, ids string) string {
+func backlog(b *testing.B, ids string, size int) string {
 	backlogMu.Lock()
 	defer backlogMu.Unlock()
-	if path, ok := backlogFiles[ids]; ok {
+	name := fmt.Sprint(ids, size)
+	if path, ok := backlogFiles[name]; ok {
 		return path
 	}
 	dir, err := os.MkdirTemp("", "journal-backlog-")
@@ -256,7 +271,7 @@ func backlog(b *testing.B, ids string) string {
 	var wg sync.WaitGroup
 	for w := range 64 {
 		wg.Go(func() {
-			for i := w; i < backlogSize; i += 64 {
+			for i := w; i < size; i += 64 {
 				if err := benchHandoff(context.Background(), j, Key{Source: "bench", EventID: eventID(ids, uint64(i))}); err != nil {
 					b.Error(err)
 					return
@@ -268,7 +283,7 @@ func backlog(b *testing.B, ids string) string {
 	if err := j.Close(); err != nil {
 		b.Fatal(err)
 	}
-	backlogFiles[ids] = path
+	backlogFiles[name] = path
 	return path
 }
 
