@@ -173,6 +173,9 @@ type Journal struct {
 	// staged is the index as the batch being written leaves it, applied
 	// once the batch commits.
 	staged staging
+	// joins is the writer's: which requests of the batch being written
+	// share a hand-off (see joinParts).
+	joins joins
 
 	instanceID string // see InstanceID
 

@@ -2,6 +2,7 @@ package journal
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -215,8 +216,10 @@ func (j *Journal) commit(batch []*request) error {
 // write puts the batch's records in tx and returns how many it wrote.
 func (j *Journal) write(tx *bolt.Tx, batch []*request) (int, error) {
 	w := j.logWriter(tx)
+	js := &j.joins
+	js.find(batch)
 	n := 0
-	for _, r := range batch {
+	for i, r := range batch {
 		switch {
 		case r.probe:
 			// A page written and synced like any record's.
@@ -232,14 +235,88 @@ func (j *Journal) write(tx *bolt.Tx, batch []*request) (int, error) {
 				return n, err
 			}
 		case len(r.recs) > 0:
-			if err := w.part(r.key, r.recs, 0); err != nil {
+			if js.joined[i] {
+				continue // written with the first of its hand-off's
+			}
+			recs := r.recs
+			if js.next[i] != 0 {
+				recs = append(js.recs[:0], recs...)
+				for k := js.next[i]; k != 0; k = js.next[k] {
+					recs = append(recs, batch[k].recs...)
+				}
+				js.recs = recs
+			}
+			if err := w.part(r.key, recs, 0); err != nil {
 				return n, err
 			}
-			n += len(r.recs)
+			n += len(recs)
 		}
 	}
 	if err := w.flush(); err != nil {
 		return n, err
 	}
 	return n, j.maybeSeal(tx)
+}
+
+// joins says which requests of a batch hold records of one hand-off: their
+// records go in one part, at the first one's place in the log, in the order
+// they were queued. The transaction lands all of them or none, so nothing a
+// crash could leave changes; one part costs less than several, on disk and
+// to write. A first attempt's RECEIVED and ATTEMPT, queued as its call
+// starts, and its OUTCOME, queued as it ends, are often in one batch.
+type joins struct {
+	latest map[Key]int // the latest request of each hand-off so far
+	size   []int       // the joined records' size, at the first request of each
+	next   []int       // the index of the next request of the same hand-off, or 0
+	joined []bool      // written with an earlier request of its hand-off
+	recs   []Record    // the joined records of a part being written
+}
+
+// maxJoin bounds the records joined in one part, well under a value's
+// bound (maxValue): records with large details stay parts of their own.
+const maxJoin = 1 << 20
+
+// find fills next and joined for batch.
+func (js *joins) find(batch []*request) {
+	if js.latest == nil {
+		js.latest = make(map[Key]int)
+	}
+	clear(js.latest)
+	js.size = grown(js.size, len(batch))
+	js.next = grown(js.next, len(batch))
+	js.joined = grown(js.joined, len(batch))
+	for i, r := range batch {
+		if len(r.recs) == 0 || r.drop != nil || r.marks != nil || r.probe {
+			continue
+		}
+		size := recordsSize(r.recs)
+		js.size[i] = size
+		last, ok := js.latest[r.key]
+		if ok && js.size[last]+size <= maxJoin {
+			js.next[last] = i
+			js.joined[i] = true
+			js.size[i] += js.size[last] // the running size travels with the latest
+		}
+		js.latest[r.key] = i
+	}
+}
+
+// grown is s with n zero values.
+func grown[T any](s []T, n int) []T {
+	s = slices.Grow(s[:0], n)[:n]
+	clear(s)
+	return s
+}
+
+// recordsSize is about the bytes recs take in a part, at least.
+func recordsSize(recs []Record) int {
+	n := 0
+	for i := range recs {
+		r := &recs[i]
+		n += 32 + len(r.Dest) + len(r.Detail) + len(r.Position)
+		for k, v := range r.Trail {
+			n += len(k) + len(v) + 2
+		}
+	}
+	return n
 }
