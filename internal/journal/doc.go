@@ -15,7 +15,8 @@
 //
 // The file is an append-only log (part.go): each group commit appends
 // values, a quarter page each, under an increasing sequence number; a value
-// holds each hand-off's records of that commit as one part, which names its
+// holds each hand-off's records of that commit as one part (the requests of
+// one hand-off in a batch are joined, writer.go), which names its
 // hand-off in full the first time and by a key check after that, and links
 // to the previous part of the same event (in any replay). So a commit
 // writes at the end of one tree however random the event ids are, and the
@@ -23,7 +24,8 @@
 //
 // Where an event's newest part is lives in memory (index.go): a map for the
 // parts since the latest seal, and sealed segments of sealAt events kept in
-// the file with a blocked Bloom filter in memory. An event the journal has
+// the file with a blocked Bloom filter in memory, bit-sliced 32 segments
+// to a filter (filter.go). An event the journal has
 // never seen costs a look in memory and no read of the file. The open set
 // (events with a hand-off received and not settled) is kept in memory and
 // written with each seal; Open rebuilds the index from the segments'
