@@ -21,9 +21,6 @@ import (
 // BatchContentType is the CloudEvents batched content mode's media type.
 const BatchContentType = "application/cloudevents-batch+json"
 
-// batchContentTypes is a batch request's Content-Type header value.
-var batchContentTypes = []string{BatchContentType}
-
 // maxBatchResponse bounds the response body read for the per-event outcomes.
 const maxBatchResponse = 16 << 20
 
@@ -344,7 +341,7 @@ func (h *HTTP) SendBatch(ctx context.Context, reqs []*Request) (each []Result, w
 	defer putCallState(c)
 	body := appendBatch(getBatchBuf(), reqs)
 	defer putBatchBuf(body)
-	c.header["Content-Type"] = batchContentTypes
+	c.header.set("Content-Type", BatchContentType)
 	a, err := h.post(ctx, batchTimeout(ctx), c.header, body, maxBatchResponse+1, evidenceLen, c)
 	if err != nil {
 		res := Result{Outcome: transportOutcome(err), Detail: errorDetail(err)}

@@ -37,17 +37,18 @@ type answer struct {
 
 // callState is one call's reusable parts, pooled.
 type callState struct {
-	header http.Header
+	header fields
 	resp   fasthttp.ResponseHeader
 	num    [20]byte
 }
 
-var callStates = sync.Pool{New: func() any { return &callState{header: make(http.Header, 16)} }}
+var callStates = sync.Pool{New: func() any { return &callState{header: make(fields, 0, 16)} }}
 
 func getCallState() *callState { return callStates.Get().(*callState) }
 
 func putCallState(c *callState) {
-	clear(c.header)
+	clear(c.header) // no strings kept alive by a pooled state
+	c.header = c.header[:0]
 	c.resp.Reset()
 	callStates.Put(c)
 }
@@ -71,7 +72,7 @@ var errCancelled = errors.New("call cancelled")
 // post sends one request and reads its answer: of the body, up to keepOK
 // bytes of a 2xx answer and up to keepFailed of any other. The call ends by
 // timeout, or when ctx is done.
-func (h *HTTP) post(ctx context.Context, timeout time.Duration, header http.Header, body []byte, keepOK, keepFailed int, c *callState) (answer, error) {
+func (h *HTTP) post(ctx context.Context, timeout time.Duration, header fields, body []byte, keepOK, keepFailed int, c *callState) (answer, error) {
 	if timeout <= 0 {
 		return answer{}, fasthttp.ErrTimeout
 	}
@@ -124,7 +125,7 @@ func (h *HTTP) post(ctx context.Context, timeout time.Duration, header http.Head
 
 // exchange writes the request and reads the answer on conn. reuse says
 // whether the connection is left ready for the next request.
-func (h *HTTP) exchange(conn net.Conn, header http.Header, body []byte, keepOK, keepFailed int, c *callState) (a answer, reuse bool, err error) {
+func (h *HTTP) exchange(conn net.Conn, header fields, body []byte, keepOK, keepFailed int, c *callState) (a answer, reuse bool, err error) {
 	bw := h.hc.AcquireWriter(conn)
 	err = h.writeRequest(bw, header, body, c)
 	if err == nil {
@@ -228,27 +229,25 @@ func readTrailer(br *bufio.Reader) bool {
 // writeRequest writes the request's head and body to bw: the request line
 // and Host, made once, Content-Length, the header and basic auth from the
 // URL unless the header has an Authorization of its own.
-func (h *HTTP) writeRequest(bw *bufio.Writer, header http.Header, body []byte, c *callState) error {
+func (h *HTTP) writeRequest(bw *bufio.Writer, header fields, body []byte, c *callState) error {
 	_, _ = bw.Write(h.head)
 	_, _ = bw.WriteString("Content-Length: ")
 	_, _ = bw.Write(strconv.AppendInt(c.num[:0], int64(len(body)), 10))
 	_, _ = bw.WriteString("\r\n")
-	for k, vs := range header {
-		if !validName(k) {
-			return fmt.Errorf("invalid header field name %q", k)
+	for _, f := range header {
+		if !validName(f.name) {
+			return fmt.Errorf("invalid header field name %q", f.name)
 		}
-		for _, v := range vs {
-			if !validValue(v) {
-				return fmt.Errorf("invalid header field value for %q", k)
-			}
-			_, _ = bw.WriteString(k)
-			_, _ = bw.WriteString(": ")
-			_, _ = bw.WriteString(v)
-			_, _ = bw.WriteString("\r\n")
+		if !validValue(f.value) {
+			return fmt.Errorf("invalid header field value for %q", f.name)
 		}
+		_, _ = bw.WriteString(f.name)
+		_, _ = bw.WriteString(": ")
+		_, _ = bw.WriteString(f.value)
+		_, _ = bw.WriteString("\r\n")
 	}
 	if h.auth != "" {
-		if _, own := header["Authorization"]; !own {
+		if _, own := header.get("Authorization"); !own {
 			_, _ = bw.WriteString("Authorization: ")
 			_, _ = bw.WriteString(h.auth)
 			_, _ = bw.WriteString("\r\n")

@@ -1,7 +1,7 @@
 package handler
 
 import (
-	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -19,10 +19,9 @@ var reserved = map[string]bool{
 	"Keep-Alive": true, "Expect": true, "Proxy-Authorization": true, "Proxy-Connection": true,
 }
 
-// headerCap is at least how many headers setHeaders sets for r, and as few
-// as can be told without reading the headers twice: a map made for up to
-// eight is one group, made once, and one for more costs twice the
-// allocations.
+// headerCap is at least how many headers appendHeaders adds for r, and as
+// few as can be told without reading the headers twice: a call's fields are
+// grown to it once.
 func headerCap(r *Request) int {
 	// Ce-Id, Ce-Specversion, Ce-Source, Ce-Type, Handoff-Attempt and
 	// Handoff-Redelivered are always set.
@@ -47,59 +46,97 @@ func headerCap(r *Request) int {
 	return n + len(m.Headers)
 }
 
-// setHeaders writes the CloudEvents attributes, the Handoff-* attempt headers
-// and the message's own headers onto an HTTP request.
-func setHeaders(h http.Header, r *Request) {
-	// One array backs every value the sidecar sets (each header holds a
-	// one-element slice of it): an allocation per call, not per header.
-	vals := make([]string, 0, headerCap(r))
-	set := func(name, v string) {
-		vals = append(vals, v)
-		h[name] = vals[len(vals)-1 : len(vals) : len(vals)]
-	}
-	// Two message headers can name one request header (ce-x and ce_x, or
-	// x-a and X-A): the smaller value is sent, so every attempt sends the
-	// same whatever the map order.
-	setOnce := func(name, v string) {
-		if old, ok := h[name]; !ok || v < old[0] {
-			set(name, v)
+// field is one header of a request, its name canonical.
+type field struct{ name, value string }
+
+// fields are a request's headers, one value each, in the order set: a
+// call's headers are a handful, so a look along them costs less than a
+// map's hashing, and they are written out in that order.
+type fields []field
+
+// set sets name to v, in place of a value set before.
+func (f *fields) set(name, v string) {
+	for i := range *f {
+		if (*f)[i].name == name {
+			(*f)[i].value = v
+			return
 		}
 	}
+	*f = append(*f, field{name, v})
+}
+
+// setOnce is set for two message headers that name one request header (ce-x
+// and ce_x, or x-a and X-A): the smaller value is kept, so that every attempt
+// sends the same whatever the order they are read in.
+func (f *fields) setOnce(name, v string) {
+	for i := range *f {
+		if (*f)[i].name == name {
+			(*f)[i].value = min((*f)[i].value, v)
+			return
+		}
+	}
+	*f = append(*f, field{name, v})
+}
+
+// del removes name.
+func (f *fields) del(name string) {
+	for i := range *f {
+		if (*f)[i].name == name {
+			*f = append((*f)[:i], (*f)[i+1:]...)
+			return
+		}
+	}
+}
+
+// get is name's value, if set.
+func (f fields) get(name string) (string, bool) {
+	for _, x := range f {
+		if x.name == name {
+			return x.value, true
+		}
+	}
+	return "", false
+}
+
+// appendHeaders adds the CloudEvents attributes, the Handoff-* attempt
+// headers and the message's own headers of an HTTP request for r to f.
+func appendHeaders(f *fields, r *Request) {
+	*f = slices.Grow(*f, headerCap(r))
 	ceSource, ceType, contentType := ceAttributes(r, func(attr, v string) {
 		if validName(attr) {
-			setOnce(attributeNames.canonical(attr), v)
+			f.setOnce(attributeNames.canonical(attr), v)
 		}
 	}, func(k, v string) {
 		if !validName(k) {
 			return
 		}
 		if name := messageNames.canonical(k); !reserved[name] && !strings.HasPrefix(name, "Proxy-") {
-			setOnce(name, v)
+			f.setOnce(name, v)
 		}
 	})
-	set("Ce-Id", r.EventID)
-	set("Ce-Specversion", SpecVersion)
-	set("Ce-Source", ceSource)
-	set("Ce-Type", ceType)
+	f.set("Ce-Id", r.EventID)
+	f.set("Ce-Specversion", SpecVersion)
+	f.set("Ce-Source", ceSource)
+	f.set("Ce-Type", ceType)
 	if contentType != "" {
-		set("Content-Type", contentType)
+		f.set("Content-Type", contentType)
 	}
-	set("Handoff-Attempt", strconv.Itoa(r.Attempt))
+	f.set("Handoff-Attempt", strconv.Itoa(r.Attempt))
 	if !r.Deadline.IsZero() {
 		var buf [40]byte
-		set("Handoff-Deadline", string(appendTime(buf[:0], r.Deadline)))
+		f.set("Handoff-Deadline", string(appendTime(buf[:0], r.Deadline)))
 	}
-	set("Handoff-Redelivered", strconv.FormatBool(r.Redelivered))
+	f.set("Handoff-Redelivered", strconv.FormatBool(r.Redelivered))
 	if r.ReplayID != "" {
-		set("Handoff-Replay-Id", r.ReplayID)
+		f.set("Handoff-Replay-Id", r.ReplayID)
 	}
 	if r.TraceParent != "" {
 		// The attempt's span, child of the message's: the app's own spans
 		// join the message's trace under it.
-		set("Traceparent", r.TraceParent)
-		delete(h, "Tracestate")
+		f.set("Traceparent", r.TraceParent)
+		f.del("Tracestate")
 		if r.TraceState != "" {
-			set("Tracestate", r.TraceState)
+			f.set("Tracestate", r.TraceState)
 		}
 	}
 }

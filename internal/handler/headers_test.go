@@ -485,3 +485,13 @@ func TestSetHeadersSpellingsOfOneName(t *testing.T) {
 		}
 	}
 }
+
+// setHeaders puts the headers appendHeaders makes for r in h, for tests
+// that read them as a request's.
+func setHeaders(h http.Header, r *Request) {
+	var f fields
+	appendHeaders(&f, r)
+	for _, x := range f {
+		h[x.name] = []string{x.value}
+	}
+}

@@ -167,7 +167,7 @@ func (h *HTTP) Deliver(ctx context.Context, r *Request) Result {
 	start := h.now()
 	c := getCallState()
 	defer putCallState(c)
-	setHeaders(c.header, r)
+	appendHeaders(&c.header, r)
 	a, err := h.post(ctx, r.Timeout, c.header, r.Message.Data(), 0, evidenceLen, c)
 	end := h.now()
 	if err != nil {
