@@ -98,7 +98,7 @@ func targets(rows []row, lat []latencyRow) []target {
 	// of seconds, so the bound says it keeps up too.
 	for _, broker := range []string{"RabbitMQ", "Kafka"} {
 		t := target{what: broker + ", added p99 at a third of the baseline's drain rate", goal: "≤ the baseline's + 10 ms", bound: float64(10 * time.Millisecond), atMost: true,
-			show: func(v float64) string { return "+" + time.Duration(v).Round(time.Millisecond).String() }}
+			show: signedDuration}
 		for i := 0; i+1 < len(lat); i++ {
 			base, side := lat[i], lat[i+1]
 			if strings.HasPrefix(base.name, broker+" baseline") && strings.Contains(base.name, "a third of its drain rate") && base.note == "" && side.note == "" {
@@ -146,4 +146,13 @@ func kept(path string) string {
 		return "\n" + string(data[i:])
 	}
 	return ""
+}
+
+// signedDuration shows v nanoseconds with its sign: +6ms, -4ms.
+func signedDuration(v float64) string {
+	d := time.Duration(v).Round(time.Millisecond)
+	if d < 0 {
+		return d.String()
+	}
+	return "+" + d.String()
 }
