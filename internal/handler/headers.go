@@ -237,13 +237,21 @@ func validName(k string) bool {
 		return false
 	}
 	for i := 0; i < len(k); i++ {
-		c := k[i]
-		if c >= 0x7f || c <= ' ' || strings.IndexByte("\"(),/:;<=>?@[\\]{}", c) >= 0 {
+		if !tokenChar[k[i]] {
 			return false
 		}
 	}
 	return true
 }
+
+// tokenChar says which bytes a token may hold: every name of every call is
+// checked, a byte at a time.
+var tokenChar = func() (t [256]bool) {
+	for c := '!'; c < 0x7f; c++ {
+		t[c] = !strings.ContainsRune("\"(),/:;<=>?@[\\]{}", c)
+	}
+	return t
+}()
 
 // validValue reports whether v can be sent as a header value: no control
 // characters except tab. A header that cannot be sent is left out rather than

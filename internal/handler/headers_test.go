@@ -495,3 +495,13 @@ func setHeaders(h http.Header, r *Request) {
 		h[x.name] = []string{x.value}
 	}
 }
+
+// validName agrees with the token rule on every byte.
+func TestValidNameEveryByte(t *testing.T) {
+	for c := range 256 {
+		s := "X" + string([]byte{byte(c)}) + "y"
+		if validName(s) != isToken(s) {
+			t.Errorf("validName(%q) = %v, the token rule says %v", s, validName(s), isToken(s))
+		}
+	}
+}
