@@ -129,4 +129,12 @@ func TestSegmentFilters(t *testing.T) {
 	}
 	slotted("after retention", n)
 	check("after retention", cut)
+
+	// The dropped segments are gone from the file too.
+	kept := len(j.idx.segs)
+	j, _ = reopen(t, j, o)
+	if len(j.idx.segs) != kept {
+		t.Fatalf("%d segments after a reopen, want the %d retention kept", len(j.idx.segs), kept)
+	}
+	slotted("after retention, reopened", n)
 }

@@ -3,6 +3,7 @@ package journal
 import (
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/cespare/xxhash/v2"
@@ -280,12 +281,18 @@ func findInSegment(c *bolt.Cursor, last, h uint64) (ref, bool) {
 // cut, and returns their last numbers.
 func deleteSegments(b *bolt.Bucket, cut uint64) ([]uint64, error) {
 	var gone []uint64
+	var keys [][]byte
 	c := b.Cursor()
-	for k, _ := c.First(); k != nil && len(k) == 17 && binary.BigEndian.Uint64(k) < cut; k, _ = c.First() {
+	for k, _ := c.First(); k != nil && len(k) == 17 && binary.BigEndian.Uint64(k) < cut; k, _ = c.Next() {
 		if last := binary.BigEndian.Uint64(k); len(gone) == 0 || gone[len(gone)-1] != last {
 			gone = append(gone, last)
 		}
-		if err := c.Delete(); err != nil {
+		keys = append(keys, slices.Clone(k))
+	}
+	// Each by its key, once the walk is done: a cursor's First after each
+	// delete would pass over every leaf emptied before it.
+	for _, k := range keys {
+		if err := b.Delete(k); err != nil {
 			return gone, err
 		}
 	}
