@@ -83,6 +83,17 @@ func (j *Journal) drop(tx *bolt.Tx, w *logWriter, req *dropRequest) error {
 		req.dropped += j.countClosed(v)
 	}
 	j.staged.cut = cut
+	// The tail is known from its parts alone: at open, a part that names
+	// its event by a key check is placed by following its links back to
+	// the part that names it in full, which is in the tail too (see part).
+	// A cut into the tail's parts can drop that part and leave the later
+	// ones unplaceable after a restart, so the tail is sealed with the
+	// drop: a segment names each event's newest part outright. Under load
+	// the tail is sealed long before retention reaches it; a quiet sidecar
+	// seals about once a retention period.
+	if cut > w.tailFrom {
+		j.staged.sealNow = true
+	}
 	// Delete after the copies are written: they were read from these. Each
 	// by its key: a cursor's First after each delete would pass over every
 	// leaf emptied before it, which grows with the range.

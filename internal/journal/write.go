@@ -42,6 +42,9 @@ type staging struct {
 	// cut is the first sequence number kept, once a drop in this batch
 	// dropped those before it: the tail's entries below it go.
 	cut uint64
+	// sealNow: the batch's drop cut into the tail's parts, so the tail is
+	// sealed with it (see drop).
+	sealNow bool
 }
 
 type openChange struct {
@@ -56,7 +59,7 @@ func (s *staging) reset() {
 	}
 	clear(s.tail)
 	clear(s.open)
-	s.seal, s.dropped, s.nextSeq, s.cut = nil, s.dropped[:0], 0, 0
+	s.seal, s.dropped, s.nextSeq, s.cut, s.sealNow = nil, s.dropped[:0], 0, 0, false
 }
 
 // logWriter appends parts to the log within one transaction.
@@ -69,6 +72,9 @@ type logWriter struct {
 	seq      uint64 // the value being written
 	start    int    // where it starts in the slab
 	newestAt int64  // its newest record's time
+	// tailFrom is the first sequence number after the newest segment: the
+	// tail's parts, which open reads to know the tail (loadTail).
+	tailFrom uint64
 }
 
 func (j *Journal) logWriter(tx *bolt.Tx) logWriter {
@@ -78,7 +84,11 @@ func (j *Journal) logWriter(tx *bolt.Tx) logWriter {
 	now := j.now()
 	j.staged.nextSeq = j.nextSeq
 	j.slab = appendValueHeader(j.slab[:0], now)
-	return logWriter{j: j, tx: tx, log: log, now: now, base: now.UnixNano(), seq: j.nextSeq}
+	tailFrom := uint64(1)
+	if n := len(j.idx.segs); n > 0 { // the writer's own: no lock to read
+		tailFrom = j.idx.segs[n-1].last + 1
+	}
+	return logWriter{j: j, tx: tx, log: log, now: now, base: now.UnixNano(), seq: j.nextSeq, tailFrom: tailFrom}
 }
 
 // part appends the records of hand-off k. flags may ask for flagCopy.
@@ -96,10 +106,14 @@ func (w *logWriter) part(k Key, recs []Record, flags byte) error {
 	if err != nil {
 		return err
 	}
-	if !known || prevCheck != check || flags&flagCopy != 0 {
+	if !known || prevCheck != check || flags&flagCopy != 0 || prev.seq() < w.tailFrom {
 		// The first part of this hand-off in its event's chain, as far
 		// as the writer can tell cheaply, or one that holds its whole
 		// history (what it follows is dropped): it names its key in full.
+		// So does one that follows a part sealed in a segment: open reads
+		// the tail's parts alone, and a part named by its key check is
+		// placed by the part that names it, which must be in the tail too
+		// (a drop may take the older one; see drop).
 		flags |= flagKey
 	}
 	off := len(j.slab) - w.start
@@ -226,17 +240,30 @@ func (j *Journal) openOf(h uint64) (openEntry, bool) {
 	return e, ok
 }
 
-// maybeSeal seals the tail when it has grown to sealAt events.
+// maybeSeal seals the tail when it has grown to sealAt events, or when a
+// drop cut into its parts (sealNow).
 func (j *Journal) maybeSeal(tx *bolt.Tx) error {
-	if len(j.idx.tail)+len(j.staged.tail) < sealAt {
+	n := len(j.idx.tail) + len(j.staged.tail)
+	if n == 0 || n < sealAt && !j.staged.sealNow {
 		return nil
 	}
-	merged := make(map[uint64]tailEntry, len(j.idx.tail)+len(j.staged.tail))
+	merged := make(map[uint64]tailEntry, n)
 	for h, e := range j.idx.tail {
 		merged[h] = e
 	}
 	for h, e := range j.staged.tail {
 		merged[h] = e
+	}
+	if cut := j.staged.cut; cut > 0 {
+		// Parts this batch dropped are no one's newest any more.
+		for h, e := range merged {
+			if e.at.seq() < cut {
+				delete(merged, h)
+			}
+		}
+		if len(merged) == 0 {
+			return nil
+		}
 	}
 	entries := make([]indexEntry, 0, len(merged))
 	bloom := newBloom()
