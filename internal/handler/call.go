@@ -247,7 +247,7 @@ func (h *HTTP) writeRequest(bw *bufio.Writer, header fields, body []byte, c *cal
 		_, _ = bw.WriteString("\r\n")
 	}
 	if h.auth != "" {
-		if _, own := header.get("Authorization"); !own {
+		if header.find("Authorization") < 0 {
 			_, _ = bw.WriteString("Authorization: ")
 			_, _ = bw.WriteString(h.auth)
 			_, _ = bw.WriteString("\r\n")

@@ -54,13 +54,21 @@ type field struct{ name, value string }
 // map's hashing, and they are written out in that order.
 type fields []field
 
+// find is where name is, or -1.
+func (f fields) find(name string) int {
+	for i := range f {
+		if f[i].name == name {
+			return i
+		}
+	}
+	return -1
+}
+
 // set sets name to v, in place of a value set before.
 func (f *fields) set(name, v string) {
-	for i := range *f {
-		if (*f)[i].name == name {
-			(*f)[i].value = v
-			return
-		}
+	if i := f.find(name); i >= 0 {
+		(*f)[i].value = v
+		return
 	}
 	*f = append(*f, field{name, v})
 }
@@ -69,33 +77,18 @@ func (f *fields) set(name, v string) {
 // and ce_x, or x-a and X-A): the smaller value is kept, so that every attempt
 // sends the same whatever the order they are read in.
 func (f *fields) setOnce(name, v string) {
-	for i := range *f {
-		if (*f)[i].name == name {
-			(*f)[i].value = min((*f)[i].value, v)
-			return
-		}
+	if i := f.find(name); i >= 0 {
+		(*f)[i].value = min((*f)[i].value, v)
+		return
 	}
 	*f = append(*f, field{name, v})
 }
 
 // del removes name.
 func (f *fields) del(name string) {
-	for i := range *f {
-		if (*f)[i].name == name {
-			*f = append((*f)[:i], (*f)[i+1:]...)
-			return
-		}
+	if i := f.find(name); i >= 0 {
+		*f = slices.Delete(*f, i, i+1)
 	}
-}
-
-// get is name's value, if set.
-func (f fields) get(name string) (string, bool) {
-	for _, x := range f {
-		if x.name == name {
-			return x.value, true
-		}
-	}
-	return "", false
 }
 
 // appendHeaders adds the CloudEvents attributes, the Handoff-* attempt

@@ -94,6 +94,7 @@ func (f *slicedFilter) has(h uint64) uint32 {
 func (x *index) addSegment(g *segment) {
 	x.segs = append(x.segs, g)
 	if len(g.bloom) != sealWords() {
+		x.loose = append(x.loose, g)
 		return
 	}
 	for _, f := range x.filters {
@@ -117,6 +118,7 @@ func (x *index) dropSegments(lasts []uint64) {
 		}
 		return true
 	})
+	x.loose = slices.DeleteFunc(x.loose, func(g *segment) bool { return slices.Contains(lasts, g.last) })
 	x.filters = slices.DeleteFunc(x.filters, func(f *slicedFilter) bool { return f.live == 0 })
 }
 
@@ -129,8 +131,8 @@ func (x *index) mayHold(h uint64, segs []*segment) []*segment {
 			segs = append(segs, f.segs[bits.TrailingZeros32(m)])
 		}
 	}
-	for _, g := range x.segs {
-		if g.slot == nil && bloomHas(g.bloom, h) {
+	for _, g := range x.loose {
+		if bloomHas(g.bloom, h) {
 			segs = append(segs, g)
 		}
 	}

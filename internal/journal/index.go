@@ -82,8 +82,9 @@ type index struct {
 	tail map[uint64]tailEntry
 	segs []*segment // oldest first
 	// filters holds the filters of the segments of the usual shape
-	// (filter.go); a segment with none here keeps its own.
+	// (filter.go); the others, loose, keep their own.
 	filters []*slicedFilter
+	loose   []*segment
 	open    map[uint64]openEntry
 }
 

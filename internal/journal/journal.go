@@ -174,7 +174,7 @@ type Journal struct {
 	// once the batch commits.
 	staged staging
 	// joins is the writer's: which requests of the batch being written
-	// share a hand-off (see joinParts).
+	// share a hand-off (see joins).
 	joins joins
 
 	instanceID string // see InstanceID

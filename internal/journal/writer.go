@@ -266,7 +266,7 @@ func (j *Journal) write(tx *bolt.Tx, batch []*request) (int, error) {
 // starts, and its OUTCOME, queued as it ends, are often in one batch.
 type joins struct {
 	latest map[Key]int // the latest request of each hand-off so far
-	size   []int       // the joined records' size, at the first request of each
+	size   []int       // the size of the records joined up to each request
 	next   []int       // the index of the next request of the same hand-off, or 0
 	joined []bool      // written with an earlier request of its hand-off
 	recs   []Record    // the joined records of a part being written
