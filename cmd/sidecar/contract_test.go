@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"sort"
@@ -144,16 +145,30 @@ var contractTransports = []contractTransport{
 // contractTimeout is the handler timeout of the contract runs.
 const contractTimeout = time.Second
 
-// freeAddr is a loopback address nothing listens on yet.
+// freeAddr is a loopback address nothing listens on yet, for an app the
+// test starts later. Its port is below the kernel's ephemeral range
+// (32768 and up on Linux): a port handed out by a listen on :0 and closed
+// again went back to that range, where any test's next connection or
+// listener could take it before the app did ("address already in use").
+// Nothing takes a port below the range but an explicit listen; the
+// brokers' own ports are passed over.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 100 {
+		port := 20000 + rand.IntN(12000)
+		if port >= 25000 && port < 26000 { // RabbitMQ's distribution port, 25672
+			continue
+		}
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		addr := ln.Addr().String()
+		_ = ln.Close()
+		return addr
 	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr
+	t.Fatal("no free loopback port between 20000 and 32000")
+	return ""
 }
 
 // contractBroker is a broker to run the table on.
