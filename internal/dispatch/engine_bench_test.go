@@ -38,9 +38,12 @@ import (
 func BenchmarkEngine(b *testing.B) {
 	for _, kind := range []benchKind{benchRabbitMQ, benchKafka} {
 		for _, j := range []string{"bbolt", "noop"} {
-			b.Run(kind.name+"/journal="+j, func(b *testing.B) { benchEngine(b, kind, j) })
+			b.Run(kind.name+"/journal="+j, func(b *testing.B) { benchEngine(b, kind, j, 1) })
 		}
 	}
+	// Batches of 64, as handoff-bench's batch rows: four in flight fill
+	// Kafka's window.
+	b.Run("kafka/batch=64/journal=bbolt", func(b *testing.B) { benchEngine(b, benchKafka, "bbolt", 64) })
 	b.Run("harness", func(b *testing.B) {
 		src := newBenchSource(benchRabbitMQ, b.N)
 		measure(b, src, func(ctx context.Context) {
@@ -65,7 +68,7 @@ var (
 	benchKafka    = benchKind{name: "kafka", window: 256, kafka: true}
 )
 
-func benchEngine(b *testing.B, kind benchKind, journalKind string) {
+func benchEngine(b *testing.B, kind benchKind, journalKind string, batch int) {
 	def := config.Default()
 	discard := slog.New(slog.NewTextHandler(io.Discard, nil))
 	metrics, err := telemetry.NewMetrics(telemetry.MetricsOptions{})
@@ -96,16 +99,23 @@ func benchEngine(b *testing.B, kind benchKind, journalKind string) {
 		tiers[i] = t.D()
 	}
 	src := newBenchSource(kind, b.N)
+	var app Deliverer = benchApp{}
+	concurrency := def.Handler.MaxConcurrency
+	if batch > 1 {
+		bt := handler.NewBatcher(benchApp{}, handler.BatchOptions{MaxMessages: batch, MaxWait: 2 * time.Millisecond})
+		defer bt.Close()
+		app, concurrency = bt, 4*batch
+	}
 	e := New(Options{
 		Routes: []Route{{Name: "bench", System: kind.name, Destination: "bench", Sources: []Source{src},
 			Transfer: benchTransfer{}, CESource: "bench"}},
-		Handler: benchApp{},
+		Handler: app,
 		Policy: &budget.Policy{MaxAttempts: r.MaxAttempts, Base: r.Base.D(), Cap: r.Cap.D(), Tiers: tiers,
 			Deadline: r.Deadline.D(), DeferMaxAge: r.DeferMaxAge.D(), MinAttempt: r.MinAttempt.D(), Jitter: rand.Float64},
 		Journal:         jr,
 		Budget:          budget.NewRetryBudget(def.Budget.Ratio, def.Budget.MinPerSecond, def.Budget.Window.D(), nil),
 		Timeout:         def.Handler.Timeout.D(),
-		MaxConcurrency:  def.Handler.MaxConcurrency,
+		MaxConcurrency:  concurrency,
 		MaxMessageBytes: int(def.Handler.MaxMessageBytes),
 		DrainTimeout:    time.Second,
 		Logger:          discard,
@@ -246,6 +256,15 @@ func (benchApp) Deliver(context.Context, *handler.Request) handler.Result {
 	return handler.Result{Outcome: budget.Success, Status: 200}
 }
 func (benchApp) Probe(context.Context) error { return nil }
+
+// SendBatch answers every event success, event by event.
+func (benchApp) SendBatch(_ context.Context, reqs []*handler.Request) ([]handler.Result, handler.Result, bool) {
+	each := make([]handler.Result, len(reqs))
+	for i := range each {
+		each[i] = handler.Result{Outcome: budget.Success, Status: 200}
+	}
+	return each, handler.Result{}, false
+}
 
 // benchTransfer takes every copy; on the success path there are none.
 type benchTransfer struct{}
