@@ -18,7 +18,9 @@ import (
 // the local Apache Kafka: they share the partitions; one is killed with
 // SIGKILL mid-stream; the other takes its partitions over (after the session
 // timeout) and every record is handed to the app. Records the killed one had
-// handled but not yet committed come again: they are counted and reported.
+// handed out but not yet committed come again, each call of them flagged
+// Handoff-Redelivered: the survivor's journal never saw them, but the marks
+// the killed one shared with the group say it may have called them.
 // The same runs with transactional_transfer, where every commit is a
 // transaction that a rebalance aborts.
 func TestKafkaTwoSidecarsOneKilled(t *testing.T) {
@@ -105,6 +107,20 @@ journal: {path: %q}
 	dups := 0
 	for _, k := range seen() {
 		dups += k - 1
+	}
+	calls := map[string]int{}
+	unflagged := 0
+	for _, c := range a.allCalls() {
+		id := c.Header.Get("Ce-Id")
+		if calls[id]++; calls[id] > 1 && c.Header.Get("Handoff-Redelivered") != "true" {
+			unflagged++
+			if unflagged <= 5 {
+				t.Errorf("record %s called again without Handoff-Redelivered: true (call %d, attempt %s)", id, calls[id], c.Header.Get("Handoff-Attempt"))
+			}
+		}
+	}
+	if unflagged > 5 {
+		t.Errorf("... %d repeated calls unflagged in all", unflagged)
 	}
 	t.Logf("%d records over 6 partitions, first sidecar killed after %d calls: %d calls in all, %d records handed over twice",
 		n, killedAt, len(a.allCalls()), dups)

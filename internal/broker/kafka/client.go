@@ -104,6 +104,9 @@ type Client struct {
 	plainMu sync.Mutex
 	plain   *kgo.Client
 
+	// sharedDown: the last write of the shared marks failed (shared.go).
+	sharedDown atomic.Bool
+
 	mu    sync.Mutex
 	parts map[topicPartition]*partition
 
@@ -135,8 +138,11 @@ type partition struct {
 	// asked for, and markPending closed once it is written; both belong to
 	// the poll loop. markDurable is the highest mark written.
 	handedBefore, markTarget int64
-	markPending              <-chan struct{}
-	markDurable              atomic.Int64
+	// topicID is the partition's topic's id, hex-encoded, as the brokers
+	// told it at assignment ("" when they did not): the marks are its.
+	topicID     string
+	markPending <-chan struct{}
+	markDurable atomic.Int64
 	// ahead is how far the last mark went past the record it was set at,
 	// markTop, at markAt (nextAhead); the poll loop's.
 	ahead, markTop int64

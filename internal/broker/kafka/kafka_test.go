@@ -588,7 +588,7 @@ func TestHandedOutMarkFlagsRedeliveries(t *testing.T) {
 			}
 		}
 	}
-	if v, _, _ := marks.Mark("kafka/g/orders/0"); v != 4+ahead {
+	if v, _, _ := marks.Mark(c.markName(topicPartition{"orders", 0}, c.partition("orders", 0).topicID)); v != 4+ahead {
 		t.Fatalf("mark = %d, want %d (the last offset handed out, and markAhead more)", v, 4+ahead)
 	}
 	_ = ds[0].Ack()

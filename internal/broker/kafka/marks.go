@@ -18,9 +18,22 @@ type Marks interface {
 }
 
 // markName is the name of tp's handed-out mark: per group, since each group
-// consumes the topic on its own.
-func (c *Client) markName(tp topicPartition) string {
-	return "kafka/" + c.o.Group + "/" + tp.topic + "/" + strconv.Itoa(int(tp.partition))
+// consumes the topic on its own, and per topic id (see shared.go), when it
+// is known. Without one it is the name the marks had before they were
+// named by topic id.
+func (c *Client) markName(tp topicPartition, topicID string) string {
+	name := "kafka/" + c.o.Group + "/" + tp.topic + "/" + strconv.Itoa(int(tp.partition))
+	if topicID != "" {
+		name += "/" + topicID
+	}
+	return name
+}
+
+// namedByIDMark is the name of the mark that says topic's marks are named
+// by its id: from then on a mark of the old name is not read, as it may be
+// a deleted topic's of the same name.
+func (c *Client) namedByIDMark(topic string) string {
+	return "kafka/" + c.o.Group + "/" + topic + "/named-by-id"
 }
 
 // markAhead is how far past the last record handed out a partition's mark
@@ -83,7 +96,10 @@ func (c *Client) markHandedOut(ctx context.Context, fetches kgo.Fetches) {
 			if marks == nil {
 				marks = map[string]int64{}
 			}
-			marks[c.markName(st.tp)] = st.markTarget
+			marks[c.markName(st.tp, st.topicID)] = st.markTarget
+			if st.topicID != "" {
+				marks[c.namedByIDMark(st.tp.topic)] = 1
+			}
 			renewed = append(renewed, st)
 		}
 	})
@@ -96,10 +112,27 @@ func (c *Client) markHandedOut(ctx context.Context, fetches kgo.Fetches) {
 		st.markPending = done
 		targets[i] = st.markTarget
 	}
+	shared := make(map[*partition]int64, len(renewed))
+	for i, st := range renewed {
+		if st.topicID != "" {
+			shared[st] = targets[i]
+		}
+	}
 	c.timers.Add(1)
 	go func() {
 		defer c.timers.Done()
 		defer close(done)
+		// The journal's marks and the group's shared ones are written at
+		// once; a call above either waits for both.
+		sharedErr := make(chan error, 1)
+		go func() {
+			if len(shared) == 0 {
+				sharedErr <- nil
+				return
+			}
+			sharedErr <- c.shareMarks(ctx, shared)
+		}()
+		defer func() { c.shared(ctx, <-sharedErr) }()
 		if err := c.o.Marks.SetMarks(ctx, marks); err != nil {
 			if ctx.Err() == nil {
 				c.log.Warn("writing the handed-out marks failed; after a crash now, repeated calls may not say redelivered", "err", err)

@@ -10,29 +10,80 @@ import (
 // The group's callbacks: what a member does when partitions are assigned to
 // it, and when they are revoked or lost.
 
-func (c *Client) assigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
+func (c *Client) assigned(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) {
 	if c.balancer.unbalanced() {
 		c.log.Info("kafka group: restarted as its leader and given the previous plan; rebalancing once, in case it no longer fits")
 		cl.ForceRebalance()
 	}
+	ids, shared := c.assignedMarks(ctx, assigned)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for topic, ps := range assigned {
 		for _, p := range ps {
 			tp := topicPartition{topic, p}
-			st := &partition{tp: tp, lost: make(chan struct{}), out: map[*delivery]struct{}{}, committed: -1, handedBefore: -1, markTarget: -1, ahead: c.markAhead()}
+			st := &partition{tp: tp, lost: make(chan struct{}), out: map[*delivery]struct{}{}, committed: -1, handedBefore: -1, markTarget: -1, ahead: c.markAhead(), topicID: ids[topic]}
 			st.markDurable.Store(-1)
+			if v, ok := shared[tp]; ok {
+				st.handedBefore = v
+			}
 			if c.o.Marks != nil {
-				if v, ok, err := c.o.Marks.Mark(c.markName(tp)); err != nil {
+				if v, ok, err := c.journalMark(tp, st.topicID); err != nil {
 					c.log.Warn("reading the handed-out mark failed; redeliveries of this partition may go unflagged", "fetch_topic", tp.topic, "partition", tp.partition, "err", err)
 				} else if ok {
-					st.handedBefore, st.markTarget = v, v
-					st.markDurable.Store(v)
+					st.handedBefore = max(st.handedBefore, v)
 				}
+			}
+			if st.handedBefore >= 0 {
+				st.markTarget = st.handedBefore
+				st.markDurable.Store(st.handedBefore)
 			}
 			c.parts[tp] = st
 		}
 	}
+}
+
+// assignedMarks reads what the assigned partitions' marks need from the
+// brokers: their topics' ids, and the marks the group's members shared
+// (shared.go). Without the brokers' answer, a partition has only the marks
+// of this member's journal.
+func (c *Client) assignedMarks(ctx context.Context, assigned map[string][]int32) (ids map[string]string, shared map[topicPartition]int64) {
+	if c.o.Marks == nil || len(assigned) == 0 {
+		return nil, nil
+	}
+	topics := make([]string, 0, len(assigned))
+	for t := range assigned {
+		topics = append(topics, t)
+	}
+	ids, err := c.topicIDs(ctx, topics)
+	if err == nil {
+		shared, err = c.sharedMarks(ctx, ids)
+	}
+	if err != nil {
+		c.log.Warn("kafka: reading the group's shared handed-out marks failed; records another member may have called before it stopped go unflagged", "err", err)
+	}
+	return ids, shared
+}
+
+// journalMark is tp's mark in this member's journal: the one named by its
+// topic's id, or, until the topic's marks were first named so, the one
+// named before that.
+func (c *Client) journalMark(tp topicPartition, topicID string) (int64, bool, error) {
+	v, ok, err := c.o.Marks.Mark(c.markName(tp, topicID))
+	if err != nil || topicID == "" {
+		return v, ok, err
+	}
+	named, _, err := c.o.Marks.Mark(c.namedByIDMark(tp.topic))
+	if err != nil || named != 0 {
+		return v, ok, err
+	}
+	old, oldOK, err := c.o.Marks.Mark(c.markName(tp, ""))
+	if err != nil || !oldOK {
+		return v, ok, err
+	}
+	if !ok || old > v {
+		v = old
+	}
+	return v, true, nil
 }
 
 // revoked stops handing out the partitions' records, lets those in flight
