@@ -102,7 +102,9 @@ type Kafka struct {
 	// one Kafka transaction.
 	TransactionalTransfer bool `yaml:"transactional_transfer"`
 	// MaxInFlight bounds records handed out and not yet answered. Zero means
-	// four times handler.max_concurrency.
+	// four times handler.max_concurrency; with batches
+	// (handler.batch.max_messages above 1), handler.max_concurrency and one
+	// batch more.
 	MaxInFlight int `yaml:"max_in_flight"`
 	// FetchMaxBytes bounds one fetch from the brokers, which is what the
 	// sidecar buffers besides the records in flight. Zero means 8 MiB. A
@@ -330,6 +332,13 @@ func (c *Config) applySourceDefaults() {
 			}
 			if k.MaxInFlight == 0 {
 				k.MaxInFlight = 4 * c.Handler.MaxConcurrency
+				if b := c.Handler.Batch.MaxMessages; b > 1 {
+					// max_concurrency already counts the messages in the
+					// batches in flight; one batch more fills while they
+					// are. Four times it would only park walks waiting
+					// for a slot: a goroutine and a delivery each.
+					k.MaxInFlight = c.Handler.MaxConcurrency + b
+				}
 			}
 			if k.FetchMaxBytes == 0 {
 				k.FetchMaxBytes = DefaultFetchMaxBytes

@@ -75,6 +75,17 @@ retry: {tiers: [2s]}
 	if k := cfg.Sources[1].Kafka; k.MaxInFlight != 32 || k.FetchMaxBytes != 8<<20 {
 		t.Errorf("kafka defaults: max_in_flight %d, fetch_max_bytes %d; want 32 and 8 MiB", k.MaxInFlight, k.FetchMaxBytes)
 	}
+	batched, err := Parse([]byte(`
+handler: {url: "http://127.0.0.1:8080/events", max_concurrency: 256, batch: {max_messages: 64}}
+sources: [{name: b, kafka: {brokers: ["127.0.0.1:9092"], topic: t, group: g}}]
+retry: {tiers: [2s]}
+`))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	if got := batched.Sources[0].Kafka.MaxInFlight; got != 256+64 {
+		t.Errorf("kafka max_in_flight with batches = %d, want max_concurrency and one batch (320)", got)
+	}
 	if b := cfg.Budget; b.Ratio != 0.2 || b.MinPerSecond != 10 || b.Window.D() != 10*time.Second || cfg.Retry.TrustProducerDeadline {
 		t.Errorf("budget defaults = %+v, trust_producer_deadline = %v; want 0.2, 10/s, 10s, false", b, cfg.Retry.TrustProducerDeadline)
 	}

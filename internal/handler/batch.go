@@ -14,7 +14,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/budget"
 )
 
@@ -593,7 +592,8 @@ func structured(r *Request) event {
 	}
 	e.HandoffAttempt = strconv.Itoa(r.Attempt)
 	if !r.Deadline.IsZero() {
-		e.HandoffDeadline = r.Deadline.UTC().Format(broker.TimeLayout)
+		var buf [40]byte
+		e.HandoffDeadline = string(appendTime(buf[:0], r.Deadline))
 	}
 	e.HandoffRedelivered = strconv.FormatBool(r.Redelivered)
 	e.HandoffReplayID = r.ReplayID
