@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -15,7 +16,7 @@ func (c *Client) assigned(ctx context.Context, cl *kgo.Client, assigned map[stri
 		c.log.Info("kafka group: restarted as its leader and given the previous plan; rebalancing once, in case it no longer fits")
 		cl.ForceRebalance()
 	}
-	ids, shared := c.assignedMarks(ctx, assigned)
+	ids, shared := c.assignedMarks(ctx, cl, assigned)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for topic, ps := range assigned {
@@ -46,7 +47,9 @@ func (c *Client) assigned(ctx context.Context, cl *kgo.Client, assigned map[stri
 // brokers: their topics' ids, and the marks the group's members shared
 // (shared.go). Without the brokers' answer, a partition has only the marks
 // of this member's journal.
-func (c *Client) assignedMarks(ctx context.Context, assigned map[string][]int32) (ids map[string]string, shared map[topicPartition]int64) {
+// It is given the group's client: the callback may run before New has set
+// c.cl.
+func (c *Client) assignedMarks(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) (ids map[string]string, shared map[topicPartition]int64) {
 	if c.o.Marks == nil || len(assigned) == 0 {
 		return nil, nil
 	}
@@ -54,9 +57,10 @@ func (c *Client) assignedMarks(ctx context.Context, assigned map[string][]int32)
 	for t := range assigned {
 		topics = append(topics, t)
 	}
-	ids, err := c.topicIDs(ctx, topics)
+	adm := kadm.NewClient(cl)
+	ids, err := topicIDs(ctx, adm, topics)
 	if err == nil {
-		shared, err = c.sharedMarks(ctx, ids)
+		shared, err = c.sharedMarks(ctx, adm, ids)
 	}
 	if err != nil {
 		c.log.Warn("kafka: reading the group's shared handed-out marks failed; records another member may have called before it stopped go unflagged", "err", err)

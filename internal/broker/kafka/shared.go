@@ -30,10 +30,10 @@ const sharedTimeout = 10 * time.Second
 
 // topicIDs returns the ids of topics, hex-encoded; a topic whose id the
 // brokers do not know is left out.
-func (c *Client) topicIDs(ctx context.Context, topics []string) (map[string]string, error) {
+func topicIDs(ctx context.Context, adm *kadm.Client, topics []string) (map[string]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, sharedTimeout)
 	defer cancel()
-	td, err := kadm.NewClient(c.cl).ListTopics(ctx, topics...)
+	td, err := adm.ListTopics(ctx, topics...)
 	if err != nil {
 		return nil, err
 	}
@@ -48,7 +48,7 @@ func (c *Client) topicIDs(ctx context.Context, topics []string) (map[string]stri
 
 // sharedMarks reads the marks committed to the marks group for topics,
 // keeping those written for the topic ids in ids.
-func (c *Client) sharedMarks(ctx context.Context, ids map[string]string) (map[topicPartition]int64, error) {
+func (c *Client) sharedMarks(ctx context.Context, adm *kadm.Client, ids map[string]string) (map[topicPartition]int64, error) {
 	topics := make([]string, 0, len(ids))
 	for t := range ids {
 		topics = append(topics, t)
@@ -58,7 +58,7 @@ func (c *Client) sharedMarks(ctx context.Context, ids map[string]string) (map[to
 	}
 	ctx, cancel := context.WithTimeout(ctx, sharedTimeout)
 	defer cancel()
-	rs, err := kadm.NewClient(c.cl).FetchOffsetsForTopics(ctx, MarksGroup(c.o.Group), topics...)
+	rs, err := adm.FetchOffsetsForTopics(ctx, MarksGroup(c.o.Group), topics...)
 	if err != nil {
 		return nil, err
 	}
