@@ -145,9 +145,26 @@ func (c batchPoisonCase) ids() (ids, poison []string) {
 }
 
 // batchPoisonConfig sets batch delivery and short retries on cfg: three
-// attempts, so the poison is dead-lettered for max-attempts within a second.
+// attempts, so the poison is dead-lettered for max-attempts.
+//
+// The batches are full by construction: the broker's window (prefetch,
+// max_in_flight) is one batch, and a batch waits long enough to fill, so
+// the first batch is the first 16 messages, and each next one the 16 that
+// the previous batch's settling let in, in the source's order. Adjacent
+// poisons inside one such batch therefore share a request, however slowly a
+// loaded machine lets each delivery reach the batch. Only the last, short
+// batch and the poison's retry copies wait out max_wait.
 func batchPoisonConfig(cfg *config.Config) {
-	cfg.Handler.Batch = config.Batch{MaxMessages: 16, MaxWait: config.Duration(20 * time.Millisecond)}
+	cfg.Handler.Batch = config.Batch{MaxMessages: 16, MaxWait: config.Duration(time.Second)}
+	cfg.Handler.MaxConcurrency = 16
+	for _, s := range cfg.Sources {
+		if s.RabbitMQ != nil {
+			s.RabbitMQ.Prefetch = 16
+		}
+		if s.Kafka != nil {
+			s.Kafka.MaxInFlight = 16
+		}
+	}
 	cfg.Retry.MaxAttempts = 3
 }
 
@@ -162,10 +179,8 @@ func TestRabbitBatchPoisonAloneDeadLettered(t *testing.T) {
 			cfg := testConfig(a.url(), q, batchPoisonTier)
 			batchPoisonConfig(&cfg)
 
-			// Published before the sidecar starts: the prefetch fills at
-			// once and batches are full, so adjacent messages share one.
-			// Published while it runs, on a loaded machine they may trickle
-			// in and flush apart.
+			// Published before the sidecar starts, as on Kafka below: the
+			// batches follow the queue's order (batchPoisonConfig).
 			var msgs []publishing
 			for _, id := range ids {
 				msgs = append(msgs, publishing{MessageId: id, ContentType: "application/json", Body: []byte(`{"n":"` + id + `"}`)})
@@ -203,14 +218,16 @@ func TestKafkaBatchPoisonAloneDeadLettered(t *testing.T) {
 				a := newPoisonBatchApp(t, poison...)
 				cfg := kafkaConfig(a.url(), brokers, topic, batchPoisonTier)
 				batchPoisonConfig(&cfg)
-				s := startSidecar(t, cfg)
 
 				var recs []*kgo.Record
 				for _, id := range ids {
 					recs = append(recs, &kgo.Record{Topic: topic, Key: []byte(id), Value: []byte(`{"n":"` + id + `"}`),
 						Headers: []kgo.RecordHeader{{Key: "ce_id", Value: []byte(id)}, {Key: "content-type", Value: []byte("application/json")}}})
 				}
+				// Produced before the sidecar starts (a new group reads from
+				// the start): no batch waits on records still being produced.
 				produceKafka(t, brokers, recs...)
+				s := startSidecar(t, cfg)
 				dlq := kafka.DeadLetterTopic(topic, kafkaGroup(topic))
 				waitFor(t, 60*time.Second, "every message handled and the poison dead-lettered", func() bool {
 					return a.handledAll(ids) && len(readTopic(t, brokers, dlq)) == len(poison)

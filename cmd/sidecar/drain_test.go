@@ -21,12 +21,15 @@ import (
 
 // The drain run's shape: an app that handles mu a second, a backlog of
 // preload waiting when the sidecar starts, then arrivals at lambda (slower
-// than the app), then at lambdaFast with the app down to muSlow. The window is short so
+// than the app), then at lambdaFast with the app down to muSlow. lambda is
+// well below mu: on a loaded machine the sidecar, not the app, sets the
+// pace (60/s has been seen), and the estimate B/(μ−λ) is only as steady as
+// μ−λ is large next to μ's jitter between the two sides' windows. The window is short so
 // that the run is, and long enough that Kafka's commits, every 250ms, blur
 // the rates by a few percent only.
 const (
 	drainMu         = 200
-	drainLambda     = 50
+	drainLambda     = 20
 	drainLambdaFast = 400
 	drainMuSlow     = 10
 	drainPreload    = 2500
