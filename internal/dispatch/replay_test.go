@@ -184,6 +184,49 @@ func TestReplayedCopyHandledBeforeACrashIsReportedOnItsRedelivery(t *testing.T) 
 	}
 }
 
+// A replay's copy published twice — a runner taken over after it published
+// and before its record reached the ledger publishes it again — reaches the
+// app once: the second copy, another message with the same replay id, is
+// settled from the first one's history, and reported again.
+func TestReplayedCopyPublishedTwiceReachesTheAppOnce(t *testing.T) {
+	r := newRig(t, budget.Success)
+	var rep reports
+	first := r.delivery("m-1")
+	first.msg.Headers = replayHeaders()
+	e := r.engine(4, first)
+	e.o.Replayed = rep.record
+	run(t, e, ended(r))
+	if r.calls() != 1 {
+		t.Fatalf("app calls %d for the first copy; want 1", r.calls())
+	}
+
+	second := r.delivery("m-2") // a new publish, not a redelivery
+	second.msg.Headers = replayHeaders()
+	e = r.engine(4, second)
+	e.o.Replayed = rep.record
+	run(t, e, func() bool { return len(kinds(r.snapshot())) == 2 })
+	if got := kinds(r.snapshot()); len(got) != 2 || got[1] != "ack" {
+		t.Fatalf("events %v; want the second copy acked", got)
+	}
+	if r.calls() != 1 {
+		t.Errorf("app calls %d; want 1: the second copy is the same replay of the same event", r.calls())
+	}
+	if _, trails := rep.all(); len(trails) != 2 || trails[1].ReplayID != "r-1" {
+		t.Errorf("reported %+v; want the copy reported again on its second settle", trails)
+	}
+
+	// Another replay of the same event is new work.
+	other := r.delivery("m-3")
+	other.msg.Headers = replayHeaders()
+	other.msg.Headers[broker.HeaderReplayID] = "r-2"
+	e = r.engine(4, other)
+	e.o.Replayed = rep.record
+	run(t, e, func() bool { return len(kinds(r.snapshot())) == 3 })
+	if r.calls() != 2 {
+		t.Errorf("app calls %d; want 2: another replay reaches the app", r.calls())
+	}
+}
+
 // A replayed copy moved on to a retry tier or the dead-letter destination is
 // not reported; its copy carries the replay, so that its next hop is (or
 // the new dead letter links the one it replayed).
