@@ -199,8 +199,17 @@ func testDeadLetterLifecycle(t *testing.T, target dlqTarget) {
 	var broken atomic.Bool
 	broken.Store(true)
 	a := brokenApp(t, &broken)
-	sa := startSidecar(t, target.cfg(a.url()))
-	sb := startSidecar(t, target.cfg(a.url()))
+	// No runner dies here: the takeover's default bound, not the 2 s the
+	// takeover test needs, which a runner on a loaded machine once missed —
+	// the replay was taken over from a live runner and copies published
+	// twice.
+	cfg := func() config.Config {
+		cfg := target.cfg(a.url())
+		cfg.DeadLetter.ReplayTakeover = config.Default().DeadLetter.ReplayTakeover
+		return cfg
+	}
+	sa := startSidecar(t, cfg())
+	sb := startSidecar(t, cfg())
 	ca, cb := grpcAdmin(t, sa.admin), grpcAdmin(t, sb.admin)
 
 	perm, busy := ids("perm", 25), ids("busy", 25)

@@ -32,7 +32,7 @@ const (
 	drainLambda     = 20
 	drainLambdaFast = 400
 	drainMuSlow     = 10
-	drainPreload    = 2500
+	drainPreload    = 4000
 	drainWindow     = 5 * time.Second
 )
 
@@ -186,10 +186,12 @@ func drainRun(t *testing.T, preload int, send func(context.Context, string) erro
 		return sample(scrape(t, s.health), name, map[string]string{"source": "test"})
 	}
 
-	// Arrivals slower than the app: once a whole window of readings is in,
-	// the estimate matches the run's own arithmetic.
-	waitFor(t, 30*time.Second, "a whole window of readings", func() bool {
-		return time.Since(started) > drainWindow+time.Second && gauge("handoff_backlog_drain_seconds") >= 0
+	// Arrivals slower than the app: once two whole windows have passed, so
+	// that neither side's window still holds the start (the sidecar
+	// connecting, its first calls), the estimate matches the run's own
+	// arithmetic.
+	waitFor(t, 40*time.Second, "two whole windows of readings", func() bool {
+		return time.Since(started) > 2*drainWindow+time.Second && gauge("handoff_backlog_drain_seconds") >= 0
 	})
 	for i := range 3 {
 		fams := scrape(t, s.health)
