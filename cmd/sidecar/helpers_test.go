@@ -122,19 +122,44 @@ func publish(t *testing.T, conn *amqp.Connection, queue string, msgs ...publishi
 
 // readStream is every message of a stream (a dead-letter queue), read from
 // its first to its end; reading takes nothing away.
+//
+// A read ends when the stream stays quiet for a moment (rabbitmq.ReadStream),
+// so a broker that stalls longer than that on a loaded machine ends it
+// early. A stream only grows: a read that returns fewer messages than an
+// earlier read of the same stream saw is such a short read, and is made
+// again.
 func readStream(t *testing.T, conn *amqp.Connection, stream string) []amqp.Delivery {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var out []amqp.Delivery
-	if err := rabbitmq.ReadStream(ctx, conn, stream, "first", func(d *amqp.Delivery) bool {
-		out = append(out, *d)
-		return true
-	}); err != nil {
-		t.Fatalf("read %s: %v", stream, err)
+	seen, _ := streamSeen.Load(stream)
+	for {
+		var out []amqp.Delivery
+		if err := rabbitmq.ReadStream(ctx, conn, stream, "first", func(d *amqp.Delivery) bool {
+			out = append(out, *d)
+			return true
+		}); err != nil {
+			t.Fatalf("read %s: %v", stream, err)
+		}
+		if before, _ := seen.(int); len(out) >= before {
+			for {
+				cur, loaded := streamSeen.LoadOrStore(stream, len(out))
+				if !loaded || cur.(int) >= len(out) || streamSeen.CompareAndSwap(stream, cur, len(out)) {
+					break
+				}
+			}
+			return out
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("read %s: %d messages, fewer than the %v an earlier read saw", stream, len(out), seen)
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
-	return out
 }
+
+// streamSeen is, by stream, the most messages a read of it returned.
+var streamSeen sync.Map
 
 // depth is the number of ready messages in queue.
 func depth(t *testing.T, conn *amqp.Connection, queue string) int {
