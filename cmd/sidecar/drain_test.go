@@ -193,6 +193,12 @@ func drainRun(t *testing.T, preload int, send func(context.Context, string) erro
 	waitFor(t, 40*time.Second, "two whole windows of readings", func() bool {
 		return time.Since(started) > 2*drainWindow+time.Second && gauge("handoff_backlog_drain_seconds") >= 0
 	})
+	// Three readings, half a second apart; their middle one is held to
+	// within 20%. The sidecar counts μ at its acks and the run at the app's
+	// answers; under load the commit between the two shifts one window
+	// against the other by a few messages, which a single reading's μ−λ of
+	// 20 or so turns into a 20% swing now and then.
+	var ratios []float64
 	for i := range 3 {
 		fams := scrape(t, s.health)
 		want, b, lambda, mu := own()
@@ -203,12 +209,13 @@ func drainRun(t *testing.T, preload int, send func(context.Context, string) erro
 		if math.IsInf(want, 1) || want <= 0 {
 			t.Fatalf("the run itself is not draining (λ %.0f/s, μ %.0f/s): the app or the producer is off its pace", lambda, mu)
 		}
-		if math.Abs(got-want) > 0.2*want {
-			t.Errorf("handoff_backlog_drain_seconds = %.1fs, want within 20%% of B/(μ−λ) = %.1fs", got, want)
-		}
-		// Half a second apart: the next reading is a new one.
+		ratios = append(ratios, got/want)
 		next := time.Now().Add(500 * time.Millisecond)
 		waitFor(t, 5*time.Second, "the next reading", func() bool { return time.Now().After(next) })
+	}
+	sort.Float64s(ratios)
+	if mid := ratios[1]; math.Abs(mid-1) > 0.2 {
+		t.Errorf("handoff_backlog_drain_seconds over B/(μ−λ), three readings: %.2f, the middle one more than 20%% off", ratios)
 	}
 
 	// Arrivals faster than the app: the backlog never drains. The app slows
