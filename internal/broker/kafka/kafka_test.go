@@ -579,15 +579,9 @@ func TestHandedOutMarkFlagsRedeliveries(t *testing.T) {
 		if d.Message().Redelivered {
 			t.Errorf("first delivery of %s says redelivered", d.Message().Body)
 		}
-		// Called only once the mark is durable: the engine waits for this.
-		if ch := d.(broker.Fenced).Durable(); ch != nil {
-			select {
-			case <-ch:
-			case <-time.After(10 * time.Second):
-				t.Fatalf("the hand-out of %s never became durable", d.Message().Body)
-			}
-		}
 	}
+	// Called only once the mark is durable: the engine waits for this.
+	awaitFences(t, ds)
 	if v, _, _ := marks.Mark(c.markName(topicPartition{"orders", 0}, c.partition("orders", 0).topicID)); v != 4+ahead {
 		t.Fatalf("mark = %d, want %d (the last offset handed out, and markAhead more)", v, 4+ahead)
 	}
@@ -606,15 +600,7 @@ func TestHandedOutMarkFlagsRedeliveries(t *testing.T) {
 		produce(t, addrs, &kgo.Record{Topic: "orders", Value: []byte(fmt.Sprint(i))})
 	}
 	c2 := newClientWith(t, Options{Brokers: addrs, Topic: "orders", Marks: marks, MaxInFlight: 256})
-	ds = consume(t, c2, int(last-1), 10*time.Second)
-	for _, d := range ds {
-		m := d.Message()
-		off, _ := strconv.ParseInt(string(m.Body), 10, 64)
-		if want := off <= 4+ahead; m.Redelivered != want {
-			t.Errorf("record %d: redelivered = %v, want %v", off, m.Redelivered, want)
-		}
-		_ = d.Ack()
-	}
+	checkRedeliveredUpTo(t, consume(t, c2, int(last-1), 10*time.Second), 4+ahead)
 }
 
 // A partition's mark goes as far past its last record as a second of its

@@ -80,14 +80,7 @@ func testSharedMark(t *testing.T, addrs []string, topic, group string) {
 	second := &memMarks{m: map[string]int64{}}
 	c2 := newClientWith(t, Options{Brokers: addrs, Topic: topic, Group: group, Marks: second, MaxInFlight: 256})
 	ds = consume(t, c2, int(last-1), 10*time.Second)
-	for _, d := range ds {
-		m := d.Message()
-		off, _ := strconv.ParseInt(string(m.Body), 10, 64)
-		if want := off <= 4+ahead; m.Redelivered != want {
-			t.Errorf("record %d taken over: redelivered = %v, want %v", off, m.Redelivered, want)
-		}
-		_ = d.Ack()
-	}
+	checkRedeliveredUpTo(t, ds, 4+ahead)
 	awaitFences(t, ds)
 	if err := c2.Close(); err != nil {
 		t.Fatal(err)
@@ -112,16 +105,11 @@ func testSharedMark(t *testing.T, addrs []string, topic, group string) {
 	// hand it back: written for another topic id, it is not read.
 	var stale kadm.Offsets
 	stale.Add(kadm.Offset{Topic: topic, Partition: 0, At: 100, LeaderEpoch: -1, Metadata: "00112233445566778899aabbccddeeff"})
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		// Refused until the client's metadata knows the new topic.
+	// Refused until the client's metadata knows the new topic.
+	waitUntil(t, 10*time.Second, "a stale shared mark committed", func() bool {
 		rs, err := adm.CommitOffsets(context.Background(), MarksGroup(group), stale)
-		if err == nil && rs.Error() == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("commit a stale shared mark: %v %v", err, rs.Error())
-		}
-	}
+		return err == nil && rs.Error() == nil
+	})
 	for i := range 3 {
 		produce(t, addrs, &kgo.Record{Topic: topic, Value: []byte(fmt.Sprint(i))})
 	}
@@ -149,15 +137,23 @@ func adminClient(t *testing.T, addrs []string) *kgo.Client {
 
 func waitTopicGone(t *testing.T, adm *kadm.Client, topic string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	waitUntil(t, 10*time.Second, "topic "+topic+" gone after its deletion", func() bool {
 		td, err := adm.ListTopics(context.Background(), topic)
-		if err == nil && !td.Has(topic) {
-			return
+		return err == nil && !td.Has(topic)
+	})
+}
+
+// checkRedeliveredUpTo fails unless exactly the deliveries at or below the
+// offset mark (their bodies are their offsets) say Redelivered, and acks
+// them all.
+func checkRedeliveredUpTo(t *testing.T, ds []broker.Delivery, mark int64) {
+	t.Helper()
+	for _, d := range ds {
+		m := d.Message()
+		off, _ := strconv.ParseInt(string(m.Body), 10, 64)
+		if want := off <= mark; m.Redelivered != want {
+			t.Errorf("record %d: redelivered = %v, want %v", off, m.Redelivered, want)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("topic %s still listed after its deletion", topic)
-		}
-		time.Sleep(50 * time.Millisecond)
+		_ = d.Ack()
 	}
 }
