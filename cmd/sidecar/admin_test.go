@@ -55,7 +55,7 @@ func adminScript(w http.ResponseWriter, c call, prior []call) {
 
 // adminSidecar runs a sidecar on a fresh RabbitMQ queue with the admin API
 // on, and returns it with the queue.
-func adminSidecar(t *testing.T, script func(http.ResponseWriter, call, []call)) (*sidecar, *app, string, string) {
+func adminSidecar(t *testing.T, script func(http.ResponseWriter, call, []call)) (*inProcess, *app, string, string) {
 	t.Helper()
 	conn := dialRabbit(t)
 	tiers := []time.Duration{500 * time.Millisecond, time.Minute}

@@ -19,6 +19,7 @@ import (
 	"handoff.dev/handoff/internal/config"
 	"handoff.dev/handoff/internal/dispatch"
 	"handoff.dev/handoff/internal/journal"
+	"handoff.dev/handoff/internal/sidecar"
 )
 
 // Each crash window of DESIGN §2 gets a test: the sidecar stops right there
@@ -80,7 +81,7 @@ func TestCrashAfterSuccessBeforeAck(t *testing.T) {
 	a := newApp(t, status(http.StatusOK))
 	cfg := crashConfig(t, a.url(), q)
 	fault, fired := crashOnce(dispatch.WindowHandled)
-	s := startSidecarWith(t, cfg, hooks{fault: fault})
+	s := startSidecarWith(t, cfg, sidecar.Options{Fault: fault})
 
 	publish(t, conn, q, publishing{MessageId: "c-1", Body: []byte("x")})
 	waitFor(t, 10*time.Second, "the crash", fired.Load)
@@ -118,7 +119,7 @@ func TestCrashAfterPublishBeforeConfirm(t *testing.T) {
 	})
 	cfg := crashConfig(t, a.url(), q)
 	fault, fired := crashOnce(dispatch.WindowPublished)
-	s := startSidecarWith(t, cfg, hooks{fault: fault})
+	s := startSidecarWith(t, cfg, sidecar.Options{Fault: fault})
 
 	publish(t, conn, q, publishing{MessageId: "c-2", Body: []byte("x")})
 	waitFor(t, 10*time.Second, "the crash", fired.Load)
@@ -170,7 +171,7 @@ func TestCrashAfterConfirmBeforeAck(t *testing.T) {
 	a := newApp(t, status(http.StatusUnprocessableEntity))
 	cfg := crashConfig(t, a.url(), q)
 	fault, fired := crashOnce(dispatch.WindowConfirmed)
-	s := startSidecarWith(t, cfg, hooks{fault: fault})
+	s := startSidecarWith(t, cfg, sidecar.Options{Fault: fault})
 
 	publish(t, conn, q, publishing{MessageId: "c-3", Body: []byte("x")})
 	waitFor(t, 10*time.Second, "the crash", fired.Load)
@@ -209,7 +210,7 @@ func TestCrashAfterPublishBeforeConfirmDLQ(t *testing.T) {
 		}
 		return nil
 	}
-	s := startSidecarWith(t, cfg, hooks{fault: fault})
+	s := startSidecarWith(t, cfg, sidecar.Options{Fault: fault})
 
 	// Dead letters of other events ahead of it: the read-back must look
 	// past them, and leaves them all in the stream.
@@ -254,7 +255,7 @@ func TestCrashMidJournalBatch(t *testing.T) {
 		w.WriteHeader(http.StatusOK)
 	})
 	cfg := crashConfig(t, a.url(), q)
-	s := startSidecarWith(t, cfg, hooks{beforeCommit: func(int) error {
+	s := startSidecarWith(t, cfg, sidecar.Options{BeforeCommit: func(int) error {
 		if armed.Load() {
 			once.Do(func() { close(fired) })
 			return errCrash
@@ -304,7 +305,7 @@ func TestCrashAfterPublishBeforeConfirmKafka(t *testing.T) {
 	cfg.Journal.Path = filepath.Join(t.TempDir(), "handoff.db")
 	cfg.Shutdown.DrainTimeout = config.Duration(time.Second)
 	fault, fired := crashOnce(dispatch.WindowPublished)
-	s := startSidecarWith(t, cfg, hooks{fault: fault})
+	s := startSidecarWith(t, cfg, sidecar.Options{Fault: fault})
 
 	produceKafka(t, brokers, &kgo.Record{Topic: topic, Value: []byte("x"), Headers: []kgo.RecordHeader{{Key: "ce_id", Value: []byte("k-1")}}})
 	waitFor(t, 10*time.Second, "the crash", fired.Load)
@@ -340,7 +341,7 @@ func TestCrashAfterPublishBeforeConfirmKafkaTransactional(t *testing.T) {
 	cfg.Journal.Path = filepath.Join(t.TempDir(), "handoff.db")
 	cfg.Shutdown.DrainTimeout = config.Duration(time.Second)
 	fault, fired := crashOnce(dispatch.WindowPublished)
-	s := startSidecarWith(t, cfg, hooks{fault: fault})
+	s := startSidecarWith(t, cfg, sidecar.Options{Fault: fault})
 
 	produceKafka(t, brokers, &kgo.Record{Topic: topic, Value: []byte("x"), Headers: []kgo.RecordHeader{{Key: "ce_id", Value: []byte("t-1")}}})
 	waitFor(t, 20*time.Second, "the crash", fired.Load)

@@ -27,6 +27,7 @@ import (
 	"handoff.dev/handoff/internal/broker/rabbitmq"
 	"handoff.dev/handoff/internal/config"
 	"handoff.dev/handoff/internal/handler"
+	"handoff.dev/handoff/internal/sidecar"
 )
 
 func rabbitURL() string {
@@ -377,66 +378,54 @@ func testConfig(appURL, queue string, tiers ...time.Duration) config.Config {
 	return cfg
 }
 
-// sidecar runs serve in-process until the returned stop is called (or the
+// inProcess is a sidecar built and run in-process until the returned stop is called (or the
 // test ends) and reports its result.
-type sidecar struct {
+type inProcess struct {
 	cancel context.CancelFunc
 	done   chan error
 	health string // the health server's address
 	admin  string // the admin API's address, when it is on
 }
 
-func startSidecar(t *testing.T, cfg config.Config) *sidecar {
+func startSidecar(t *testing.T, cfg config.Config) *inProcess {
 	t.Helper()
-	return startSidecarWith(t, cfg, hooks{})
+	return startSidecarWith(t, cfg, sidecar.Options{})
 }
 
-func startSidecarWith(t *testing.T, cfg config.Config, hk hooks) *sidecar {
+// startSidecarWith builds the sidecar cfg describes with o, runs it, and
+// returns once /readyz says every connection is up.
+func startSidecarWith(t *testing.T, cfg config.Config, o sidecar.Options) *inProcess {
 	t.Helper()
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("test config invalid: %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s := &sidecar{cancel: cancel, done: make(chan error, 1)}
-	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	o.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	cfg.Telemetry.MetricsListen = "127.0.0.1:0"
 	if cfg.Journal.Path == config.Default().Journal.Path {
 		cfg.Journal.Path = filepath.Join(t.TempDir(), "handoff.db")
 	}
-	addr := make(chan string, 1)
-	hk.healthAddr = func(a string) { addr <- a }
-	adminAddr := make(chan string, 1)
-	if hk.adminAddr == nil {
-		hk.adminAddr = func(a string) { adminAddr <- a }
+	sc, err := sidecar.Build(cfg, o)
+	if err != nil {
+		t.Fatalf("sidecar: %v", err)
 	}
-	go func() { s.done <- serve(ctx, cfg, log, hk) }()
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &inProcess{cancel: cancel, done: make(chan error, 1), health: sc.HealthAddr(), admin: sc.AdminAddr()}
+	go func() { s.done <- sc.Run(ctx) }()
 	t.Cleanup(func() { s.stop(t) })
-	// The sidecar is up once /readyz says every connection is.
-	var health string
-	select {
-	case health = <-addr:
-		s.health = health
-	case err := <-s.done:
-		s.done <- err
-		t.Fatalf("sidecar stopped at start: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("no health server after 10s")
-	}
 	waitFor(t, 15*time.Second, "/readyz", func() bool {
-		resp, err := http.Get("http://" + health + "/readyz")
+		select {
+		case err := <-s.done:
+			s.done <- err
+			t.Fatalf("sidecar stopped at start: %v", err)
+		default:
+		}
+		resp, err := http.Get("http://" + s.health + "/readyz")
 		if err != nil {
 			return false
 		}
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	})
-	if cfg.Admin.Enabled() {
-		select {
-		case s.admin = <-adminAddr:
-		case <-time.After(10 * time.Second):
-			t.Fatal("no admin server after 10s")
-		}
-	}
 	return s
 }
 
@@ -450,7 +439,7 @@ func exists(conn *amqp.Connection, queue string) bool {
 	return err == nil
 }
 
-func (s *sidecar) stop(t *testing.T) {
+func (s *inProcess) stop(t *testing.T) {
 	t.Helper()
 	if err := s.halt(); err != nil {
 		t.Errorf("sidecar: %v", err)
@@ -458,7 +447,7 @@ func (s *sidecar) stop(t *testing.T) {
 }
 
 // halt stops the sidecar and returns what serve returned.
-func (s *sidecar) halt() error {
+func (s *inProcess) halt() error {
 	if s.cancel == nil {
 		return nil
 	}
@@ -496,7 +485,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 // deliveries since it started and holds none of them unsettled: each one it
 // took has been acked, handed back or moved on, so whatever it would do
 // with them is done.
-func waitSettled(t *testing.T, s *sidecar, received int) {
+func waitSettled(t *testing.T, s *inProcess, received int) {
 	t.Helper()
 	waitFor(t, 30*time.Second, fmt.Sprintf("%d deliveries taken and settled", received), func() bool {
 		fams := scrape(t, s.health)

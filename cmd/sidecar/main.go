@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"handoff.dev/handoff/internal/redact"
+	"handoff.dev/handoff/internal/sidecar"
 )
 
 // exitConfig is the exit code for a configuration the sidecar refuses.
@@ -49,8 +50,12 @@ func main() {
 	}
 	code := 1
 	var ee *exitError
-	if errors.As(err, &ee) {
+	var ce *sidecar.ConfigError
+	switch {
+	case errors.As(err, &ee):
 		code = ee.code
+	case errors.As(err, &ce):
+		code = exitConfig
 	}
 	// The last word may quote a URL from the config: never its password.
 	fmt.Fprintln(os.Stderr, "sidecar:", redact.Error(plainRPC(err)))

@@ -96,7 +96,7 @@ func TestMetricsMatchWhatHappened(t *testing.T) {
 	for i := range bad {
 		ids = append(ids, fmt.Sprintf("bad-%d", i))
 	}
-	check := func(t *testing.T, a *app, s *sidecar) {
+	check := func(t *testing.T, a *app, s *inProcess) {
 		waitFor(t, 30*time.Second, "every outcome", func() bool {
 			fams := scrape(t, s.health)
 			return sample(fams, "handoff_outcomes_total", map[string]string{"outcome": "success"}) == ok+flaky &&

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"handoff.dev/handoff/internal/broker/rabbitmq"
+	"handoff.dev/handoff/internal/sidecar"
 )
 
 // readyz returns /readyz's status and body.
@@ -83,7 +84,7 @@ func TestAFailingPartStopsTheSidecar(t *testing.T) {
 	a := newApp(t, status(http.StatusOK))
 	fail := make(chan struct{})
 	boom := errors.New("boom")
-	s := startSidecarWith(t, testConfig(a.url(), q, time.Second), hooks{part: func(ctx context.Context) error {
+	s := startSidecarWith(t, testConfig(a.url(), q, time.Second), sidecar.Options{Part: func(ctx context.Context) error {
 		select {
 		case <-fail:
 			return boom

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"handoff.dev/handoff/internal/config"
+	"handoff.dev/handoff/internal/sidecar"
 )
 
 // Every attempt of one message is a span of one trace: the message's own
@@ -34,7 +35,7 @@ func TestTraceAcrossRetryCopiesRabbitMQ(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { _ = tp.Shutdown(t.Context()) })
-	s := startSidecarWith(t, testConfig(a.url(), q, tier), hooks{tracerProvider: tp})
+	s := startSidecarWith(t, testConfig(a.url(), q, tier), sidecar.Options{TracerProvider: tp})
 
 	const producerTrace, producerSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 	publish(t, conn, q,
@@ -136,7 +137,7 @@ func testTraceInBatchEvents(t *testing.T, transport string) {
 	t.Cleanup(func() { _ = tp.Shutdown(t.Context()) })
 	cfg := testConfig(url, q, tier)
 	cfg.Handler.Batch = config.Batch{MaxMessages: 4, MaxWait: config.Duration(200 * time.Millisecond)}
-	s := startSidecarWith(t, cfg, hooks{tracerProvider: tp})
+	s := startSidecarWith(t, cfg, sidecar.Options{TracerProvider: tp})
 
 	producers := map[string]string{ // message id → the trace its producer started
 		"traced-1": "4bf92f3577b34da6a3ce929d0e0e4736",

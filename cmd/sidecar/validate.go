@@ -9,6 +9,7 @@ import (
 
 	"handoff.dev/handoff/internal/config"
 	"handoff.dev/handoff/internal/redact"
+	"handoff.dev/handoff/internal/sidecar"
 )
 
 func validateCmd() *cobra.Command {
@@ -24,8 +25,8 @@ func validateCmd() *cobra.Command {
 			}
 			// The token file is checked as run checks it: a file others
 			// can read is refused here too.
-			if _, err := adminToken(cfg.Admin); err != nil {
-				return err
+			if _, err := sidecar.AdminToken(cfg.Admin); err != nil {
+				return &exitError{code: exitConfig, err: err}
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s: ok\n", path)
 			for _, n := range cfg.Notices() {

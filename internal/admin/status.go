@@ -2,7 +2,6 @@ package admin
 
 import (
 	"context"
-	"fmt"
 	"math"
 	"time"
 
@@ -155,12 +154,8 @@ func sourceStatus(now time.Time, e dispatch.Status, rs dispatch.RouteStatus, sr 
 	switch {
 	case sr.notConnected != nil:
 		paused("not connected: " + redact.Text(sr.notConnected.Error()))
-	case e.AppUnreachable:
-		paused("app unreachable: intake waits until it accepts connections again")
-	case !e.OverloadUntil.IsZero():
-		paused(fmt.Sprintf("the app asked to slow down (Retry-After): every call waits until %s", e.OverloadUntil.UTC().Format(time.RFC3339)))
-	case e.FreshIntakePaused:
-		paused("fresh intake paused: the retry budget is spent and first attempts keep failing; retries and probes go on")
+	case e.Paused() != "":
+		paused(e.Paused())
 	case rs.RetriesHeld && len(src.Tiers) > 0:
 		out.Reason = "retries held: the retry budget is spent; fresh messages go on"
 	}

@@ -41,6 +41,7 @@ func TestStatusOf(t *testing.T) {
 		{name: "app unreachable", engine: with(func(s *dispatch.Status) { s.AppUnreachable = true }), state: "paused", reason: "app unreachable"},
 		{name: "Retry-After", engine: with(func(s *dispatch.Status) { s.OverloadUntil = now.Add(30 * time.Second) }), state: "paused", reason: "Retry-After", overloaded: true},
 		{name: "fresh intake paused", engine: with(func(s *dispatch.Status) { s.FreshIntakePaused = true }), state: "paused", reason: "fresh intake paused"},
+		{name: "journal full", engine: with(func(s *dispatch.Status) { s.JournalFull = true }), state: "paused", reason: "journal full"},
 		{name: "retries held", engine: with(func(s *dispatch.Status) { s.Routes[0].RetriesHeld = true }), state: "consuming", reason: "retries held"},
 		{name: "the broker first", engine: with(func(s *dispatch.Status) { s.AppUnreachable = true }), notConn: errors.New("down"), state: "paused", reason: "not connected"},
 	}

@@ -29,6 +29,23 @@ type Status struct {
 	Routes []RouteStatus
 }
 
+// Paused says why fresh intake waits now, "" when nothing holds it: the one
+// answer the status, the intake gauge and a replay's pressure all give.
+// The first reason that holds is given.
+func (st Status) Paused() string {
+	switch {
+	case st.AppUnreachable:
+		return "app unreachable: intake waits until it accepts connections again"
+	case st.JournalFull:
+		return "journal full: intake waits until the journal has room to record hand-offs"
+	case !st.OverloadUntil.IsZero():
+		return "the app asked to slow down (Retry-After): every call waits until " + st.OverloadUntil.UTC().Format(time.RFC3339)
+	case st.FreshIntakePaused:
+		return "fresh intake paused: the retry budget is spent and first attempts keep failing; retries and probes go on"
+	}
+	return ""
+}
+
 // RouteStatus is what the engine has of one route.
 type RouteStatus struct {
 	Name string

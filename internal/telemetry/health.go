@@ -155,3 +155,6 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	return err
 }
+
+// Close releases the listener of a server that never ran.
+func (s *Server) Close() error { return s.ln.Close() }

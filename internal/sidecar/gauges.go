@@ -1,4 +1,4 @@
-package main
+package sidecar
 
 import (
 	"errors"
@@ -12,43 +12,43 @@ import (
 	"handoff.dev/handoff/internal/telemetry"
 )
 
-// observeEngine registers the gauges read from the engine and the dead
+// ObserveEngine registers the gauges read from the engine and the dead
 // letters at each scrape: the retry budget, the concurrency limit, paused
 // intake, the oldest unsettled delivery, and the dead letters an operator
 // watches (open by state, the oldest open one's age).
-func observeEngine(m *telemetry.Metrics, engine *dispatch.Engine, dl *deadletter.Manager) error {
+func observeEngine(m *telemetry.Metrics, engine func() dispatch.Status, dl *deadletter.Manager) error {
 	source := func(name string) []attribute.KeyValue { return []attribute.KeyValue{attribute.String("source", name)} }
 	one := func(v float64) []telemetry.Gauge { return []telemetry.Gauge{{Value: v}} }
 	var errs []error
 	errs = append(errs,
 		m.Observe("handoff.budget.tokens", "", "Retry budget tokens available now.", func() []telemetry.Gauge {
-			if b := engine.Status().Budget; b != nil {
+			if b := engine().Budget; b != nil {
 				return one(b.Tokens)
 			}
 			return nil
 		}),
 		m.ObserveCounter("handoff.budget.denied", "Re-attempts that found no retry budget token, since the start.", func() []telemetry.Gauge {
-			if b := engine.Status().Budget; b != nil {
+			if b := engine().Budget; b != nil {
 				return one(float64(b.Denied))
 			}
 			return nil
 		}),
 		m.Observe("handoff.concurrency.limit", "", "The adaptive bound on calls to the app in flight.", func() []telemetry.Gauge {
-			return one(float64(engine.Status().Limit))
+			return one(float64(engine().Limit))
 		}),
 		m.Observe("handoff.goroutines", "", "Goroutines in the sidecar process: flat under steady load, whatever ran before.", func() []telemetry.Gauge {
 			return one(float64(runtime.NumGoroutine()))
 		}),
 		m.Observe("handoff.journal.writable", "", "1 while the journal can be written; 0 while it has no room, and intake waits.", func() []telemetry.Gauge {
-			if engine.Status().JournalFull {
+			if engine().JournalFull {
 				return one(0)
 			}
 			return one(1)
 		}),
 		m.Observe("handoff.intake.paused", "", "1 while a source's fresh intake is paused (app unreachable, journal full, overload, budget spent).", func() []telemetry.Gauge {
-			st := engine.Status()
+			st := engine()
 			paused := 0.0
-			if st.AppUnreachable || st.JournalFull || st.FreshIntakePaused || time.Now().Before(st.OverloadUntil) {
+			if st.Paused() != "" {
 				paused = 1
 			}
 			var out []telemetry.Gauge
@@ -60,7 +60,7 @@ func observeEngine(m *telemetry.Metrics, engine *dispatch.Engine, dl *deadletter
 		m.Observe("handoff.oldest_unsettled_age", "s", "How long the oldest delivery a source has taken and not settled has been open.", func() []telemetry.Gauge {
 			now := time.Now()
 			var out []telemetry.Gauge
-			for _, r := range engine.Status().Routes {
+			for _, r := range engine().Routes {
 				age := 0.0
 				if !r.Oldest.IsZero() {
 					age = now.Sub(r.Oldest).Seconds()

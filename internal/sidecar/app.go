@@ -1,4 +1,4 @@
-package main
+package sidecar
 
 import (
 	"handoff.dev/handoff/internal/config"
@@ -19,7 +19,7 @@ type appClient interface {
 func newAppClient(h config.Handler, classifier *handler.Classifier) (appClient, error) {
 	tg, err := handler.ParseURL(h.URL)
 	if err != nil {
-		return nil, &exitError{code: exitConfig, err: err}
+		return nil, configError(err)
 	}
 	if tg.Transport == handler.TransportGRPC {
 		return handler.NewGRPC(handler.GRPCOptions{URL: h.URL, Classifier: classifier})
