@@ -24,6 +24,7 @@ import (
 
 	adminv1 "handoff.dev/handoff/api/admin/v1"
 	"handoff.dev/handoff/internal/broker/brokertest"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 const adminTestToken = "s3cret-admin-token-for-tests"
@@ -116,7 +117,7 @@ func withAuth(auth string) context.Context {
 // flight.
 func settled(t *testing.T, c adminv1.AdminClient) {
 	t.Helper()
-	waitFor(t, 20*time.Second, "every hand-off settled", func() bool {
+	testkit.Eventually(t, 20*time.Second, "every hand-off settled", func() bool {
 		st, err := c.GetStatus(withAuth("Bearer "+adminTestToken), &adminv1.GetStatusRequest{})
 		if err != nil {
 			t.Fatal(err)
@@ -147,13 +148,13 @@ func TestAdminRESTAndGRPCAgree(t *testing.T) {
 	c := grpcAdmin(t, s.admin)
 	conn := dialRabbit(t)
 	publish(t, conn, queue, publishing{MessageId: "ok", Body: []byte("1")}, publishing{MessageId: "flaky", Body: []byte("2")})
-	waitFor(t, 20*time.Second, "ok handled and flaky retried", func() bool {
+	testkit.Eventually(t, 20*time.Second, "ok handled and flaky retried", func() bool {
 		return len(a.callsFor("ok")) == 1 && len(a.callsFor("flaky")) == 2
 	})
 	settled(t, c)
 	publish(t, conn, queue, publishing{MessageId: "parked", Body: []byte("3")})
 	var grpcStatus *adminv1.Status
-	waitFor(t, 20*time.Second, "the parked copy counted in the 1m tier", func() bool {
+	testkit.Eventually(t, 20*time.Second, "the parked copy counted in the 1m tier", func() bool {
 		st, err := c.GetStatus(withAuth("Bearer "+adminTestToken), &adminv1.GetStatusRequest{})
 		if err != nil {
 			t.Fatal(err)
@@ -165,7 +166,7 @@ func TestAdminRESTAndGRPCAgree(t *testing.T) {
 
 	// The status, both ways.
 	var restStatus *adminv1.Status
-	waitFor(t, 10*time.Second, "REST and gRPC agree on the status", func() bool {
+	testkit.Eventually(t, 10*time.Second, "REST and gRPC agree on the status", func() bool {
 		code, body := restGet(t, s.admin, "/v1/status", "Bearer "+adminTestToken)
 		if code != http.StatusOK {
 			t.Fatalf("GET /v1/status: %d %s", code, body)
@@ -331,7 +332,7 @@ func TestAdminCLI(t *testing.T) {
 	s, a, queue, tok := adminSidecar(t, contractScript)
 	conn := dialRabbit(t)
 	publish(t, conn, queue, publishing{MessageId: "flaky", Body: []byte("1")})
-	waitFor(t, 20*time.Second, "flaky handled", func() bool { return len(a.callsFor("flaky")) == 2 })
+	testkit.Eventually(t, 20*time.Second, "flaky handled", func() bool { return len(a.callsFor("flaky")) == 2 })
 	settled(t, grpcAdmin(t, s.admin))
 
 	run := func(args ...string) (string, error) {
@@ -406,7 +407,7 @@ func TestAdminStatusKafka(t *testing.T) {
 	c := grpcAdmin(t, s.admin)
 	produceKafka(t, brokers, &kgo.Record{Topic: topic, Value: []byte("1"), Headers: []kgo.RecordHeader{{Key: "ce_id", Value: []byte("parked")}}})
 	var st *adminv1.Status
-	waitFor(t, 20*time.Second, "the parked copy counted in the 1m tier", func() bool {
+	testkit.Eventually(t, 20*time.Second, "the parked copy counted in the 1m tier", func() bool {
 		var err error
 		st, err = c.GetStatus(withAuth("Bearer "+adminTestToken), &adminv1.GetStatusRequest{})
 		if err != nil {

@@ -13,6 +13,7 @@ import (
 
 	"handoff.dev/handoff/internal/broker/rabbitmq"
 	"handoff.dev/handoff/internal/config"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // rawApp is an app that speaks raw TCP: it reads each request (headers and
@@ -127,7 +128,7 @@ func TestAppFaults(t *testing.T) {
 		msgs = append(msgs, publishing{MessageId: id, Body: []byte(strings.Repeat("x", 4096))})
 	}
 	publish(t, conn, q, msgs...)
-	waitFor(t, 30*time.Second, "every message handled on its second call", func() bool {
+	testkit.Eventually(t, 30*time.Second, "every message handled on its second call", func() bool {
 		for _, id := range ids {
 			if len(a.callsOf(id)) < 2 {
 				return false
@@ -201,9 +202,9 @@ func TestAppFlapping(t *testing.T) {
 	// Down and up four times while the messages arrive: up until a few
 	// more are handled, down until the sidecar has found the app gone.
 	for i := range 4 {
-		waitFor(t, 10*time.Second, "a few messages handled", func() bool { return count() >= 5*(i+1) })
+		testkit.Eventually(t, 10*time.Second, "a few messages handled", func() bool { return count() >= 5*(i+1) })
 		_ = srv.Close()
-		waitFor(t, 10*time.Second, "the sidecar to find the app unreachable", func() bool {
+		testkit.Eventually(t, 10*time.Second, "the sidecar to find the app unreachable", func() bool {
 			_, readyz := healthBodies(t, s.health)
 			return strings.Contains(readyz, "app unreachable")
 		})
@@ -217,7 +218,7 @@ func TestAppFlapping(t *testing.T) {
 	}
 	<-published
 	t.Cleanup(func() { _ = srv.Close() })
-	waitFor(t, 30*time.Second, "every message handled", func() bool {
+	testkit.Eventually(t, 30*time.Second, "every message handled", func() bool {
 		return count() == n && depth(t, conn, q) == 0
 	})
 	if d := len(readStream(t, conn, rabbitmq.DeadLetterQueue(q))); d != 0 {

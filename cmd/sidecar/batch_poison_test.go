@@ -17,6 +17,7 @@ import (
 	"handoff.dev/handoff/internal/broker/kafka"
 	"handoff.dev/handoff/internal/broker/rabbitmq"
 	"handoff.dev/handoff/internal/config"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // A poison message in batch mode: the app fails the whole request that
@@ -188,7 +189,7 @@ func TestRabbitBatchPoisonAloneDeadLettered(t *testing.T) {
 			publish(t, conn, q, msgs...)
 			s := startSidecar(t, cfg)
 			dlq := rabbitmq.DeadLetterQueue(q)
-			waitFor(t, 30*time.Second, "every message handled and the poison dead-lettered", func() bool {
+			testkit.Eventually(t, 30*time.Second, "every message handled and the poison dead-lettered", func() bool {
 				return a.handledAll(ids) && len(readStream(t, conn, dlq)) == len(poison)
 			})
 			s.stop(t)
@@ -229,7 +230,7 @@ func TestKafkaBatchPoisonAloneDeadLettered(t *testing.T) {
 				produceKafka(t, brokers, recs...)
 				s := startSidecar(t, cfg)
 				dlq := kafka.DeadLetterTopic(topic, kafkaGroup(topic))
-				waitFor(t, 60*time.Second, "every message handled and the poison dead-lettered", func() bool {
+				testkit.Eventually(t, 60*time.Second, "every message handled and the poison dead-lettered", func() bool {
 					return a.handledAll(ids) && len(readTopic(t, brokers, dlq)) == len(poison)
 				})
 				s.stop(t)

@@ -10,6 +10,7 @@ import (
 
 	"handoff.dev/handoff/internal/broker/brokertest"
 	"handoff.dev/handoff/internal/broker/rabbitmq"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // rabbitLocal runs scripts/rabbitmq-local with args.
@@ -55,7 +56,7 @@ func TestRabbitMQRestartUnderLoad(t *testing.T) {
 		msgs = append(msgs, publishing{MessageId: id, Body: []byte(id)})
 	}
 	publish(t, conn, q, msgs...)
-	waitFor(t, 60*time.Second, "a third handled", func() bool { return l.handled() >= len(ids)/3 })
+	testkit.Eventually(t, 60*time.Second, "a third handled", func() bool { return l.handled() >= len(ids)/3 })
 	rabbitLocal(t, "stop-node", node)
 	stoppedAt := l.handled()
 	rabbitLocal(t, "start-node", node, port)
@@ -65,7 +66,7 @@ func TestRabbitMQRestartUnderLoad(t *testing.T) {
 
 	conn = dialRabbitURL(t, url)
 	poison := len(ids) / 10
-	waitFor(t, 120*time.Second, "every message handled or dead-lettered", func() bool {
+	testkit.Eventually(t, 120*time.Second, "every message handled or dead-lettered", func() bool {
 		return l.handled() == len(ids)-poison && depth(t, conn, q) == 0 && depth(t, conn, rabbitmq.RetryQueue(q)) == 0 &&
 			len(readStream(t, conn, rabbitmq.DeadLetterQueue(q))) >= poison
 	})

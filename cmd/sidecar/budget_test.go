@@ -13,7 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"handoff.dev/handoff/internal/broker/brokertest"
 	"handoff.dev/handoff/internal/broker/rabbitmq"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // TestRetryBudgetThroughAnOutageRabbitMQ runs the real binary against the
@@ -79,7 +81,7 @@ budget: {ratio: %v, min_per_second: %v, window: %s}
 telemetry: {metrics_listen: ""}
 admin: {listen: "127.0.0.1:0"}
 journal: {path: %q}
-`, a.url(), concurrency, rabbitURL(), q, concurrency, ratio, floor, window, filepath.Join(t.TempDir(), "handoff.db")))
+`, a.url(), concurrency, brokertest.RabbitURL(), q, concurrency, ratio, floor, window, filepath.Join(t.TempDir(), "handoff.db")))
 	var logs bytes.Buffer
 	cmd := exec.Command(bin, "run", "--config", cfgPath)
 	cmd.Stderr = &logs
@@ -106,8 +108,8 @@ journal: {path: %q}
 		}
 		return len(ok)
 	}
-	waitFor(t, 90*time.Second, "every message handled after the outage", func() bool { return handled() == n })
-	waitFor(t, 10*time.Second, "the queues empty", func() bool {
+	testkit.Eventually(t, 90*time.Second, "every message handled after the outage", func() bool { return handled() == n })
+	testkit.Eventually(t, 10*time.Second, "the queues empty", func() bool {
 		for _, tier := range tiers {
 			if depth(t, conn, rabbitmq.TierQueue(q, tier)) != 0 {
 				return false

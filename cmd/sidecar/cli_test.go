@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"handoff.dev/handoff/internal/broker/brokertest"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 var (
@@ -175,7 +176,7 @@ telemetry: {metrics_listen: "127.0.0.1:0"}
 admin: {listen: "127.0.0.1:0"}
 shutdown: {drain_timeout: 10s}
 journal: {path: %q}
-`, a.url(), rabbitURL(), q, filepath.Join(t.TempDir(), "handoff.db")))
+`, a.url(), brokertest.RabbitURL(), q, filepath.Join(t.TempDir(), "handoff.db")))
 	var stderr bytes.Buffer
 	cmd := exec.Command(bin, "run", "--config", path)
 	cmd.Stderr = &stderr
@@ -206,7 +207,7 @@ journal: {path: %q}
 	if calls != 2 {
 		t.Errorf("app called %d times, want exactly the 2 in flight at SIGTERM", calls)
 	}
-	waitFor(t, 5*time.Second, "the undelivered messages back in the queue", func() bool { return depth(t, conn, q) == 6-calls })
+	testkit.Eventually(t, 5*time.Second, "the undelivered messages back in the queue", func() bool { return depth(t, conn, q) == 6-calls })
 }
 
 // TestHTTPDrainWaitsForInFlight is the preStop hook's view of
@@ -236,7 +237,7 @@ retry: {tiers: [1s]}
 telemetry: {metrics_listen: "127.0.0.1:0"}
 shutdown: {drain_timeout: 10s, http_drain: true}
 journal: {path: %q}
-`, a.url(), rabbitURL(), q, filepath.Join(t.TempDir(), "handoff.db")))
+`, a.url(), brokertest.RabbitURL(), q, filepath.Join(t.TempDir(), "handoff.db")))
 	r := startBinary(t, bin, path)
 	var msgs []publishing
 	for i := range 6 {
@@ -259,7 +260,7 @@ journal: {path: %q}
 		resp, err := (&http.Client{Timeout: 15 * time.Second}).Get("http://" + r.health + "/drain")
 		answered <- answer{resp, err}
 	}()
-	waitFor(t, 10*time.Second, "the drain asked for", func() bool { return strings.Contains(r.log.String(), "drain requested") })
+	testkit.Eventually(t, 10*time.Second, "the drain asked for", func() bool { return strings.Contains(r.log.String(), "drain requested") })
 	select {
 	case <-answered:
 		t.Fatal("/drain answered with both calls still in flight")
@@ -287,5 +288,5 @@ journal: {path: %q}
 	if n := len(a.allCalls()); n != callsAtAnswer {
 		t.Errorf("the app was called %d times after the drain answered", n-callsAtAnswer)
 	}
-	waitFor(t, 5*time.Second, "the undelivered messages back in the queue", func() bool { return depth(t, conn, q) == 6-callsAtAnswer })
+	testkit.Eventually(t, 5*time.Second, "the undelivered messages back in the queue", func() bool { return depth(t, conn, q) == 6-callsAtAnswer })
 }

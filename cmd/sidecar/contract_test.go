@@ -18,6 +18,7 @@ import (
 	"handoff.dev/handoff/internal/broker/kafka"
 	"handoff.dev/handoff/internal/broker/rabbitmq"
 	"handoff.dev/handoff/internal/config"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // The outcome contract as one table with two spellings, one per transport:
@@ -273,7 +274,7 @@ func testOutcomeContract(t *testing.T, b contractBroker, tr contractTransport, b
 	// as its first attempt.
 	down := []string{"down-0", "down-1", "down-2"}
 	publish(down...)
-	waitFor(t, 20*time.Second, "/readyz to report the app unreachable", func() bool {
+	testkit.Eventually(t, 20*time.Second, "/readyz to report the app unreachable", func() bool {
 		resp, err := http.Get("http://" + s.health + "/readyz")
 		if err != nil {
 			return false
@@ -282,7 +283,7 @@ func testOutcomeContract(t *testing.T, b contractBroker, tr contractTransport, b
 		return resp.StatusCode == http.StatusServiceUnavailable
 	})
 	serve()
-	waitFor(t, 20*time.Second, "the held messages once the app is up", func() bool {
+	testkit.Eventually(t, 20*time.Second, "the held messages once the app is up", func() bool {
 		for _, id := range down {
 			if len(a.callsFor(id)) == 0 {
 				return false
@@ -302,7 +303,7 @@ func testOutcomeContract(t *testing.T, b contractBroker, tr contractTransport, b
 	}
 	publish(ids...)
 	var got map[string][2]string
-	waitFor(t, 40*time.Second, "every row's calls and dead letters", func() bool {
+	testkit.Eventually(t, 40*time.Second, "every row's calls and dead letters", func() bool {
 		for _, row := range contractTable {
 			if len(a.callsFor(row.id)) < row.calls {
 				return false
@@ -315,7 +316,7 @@ func testOutcomeContract(t *testing.T, b contractBroker, tr contractTransport, b
 	// One call outlives its deadline: unknown, and the next attempt says the
 	// app may have seen the event.
 	publish("timeout")
-	waitFor(t, 20*time.Second, "the attempt after a timeout", func() bool { return len(a.callsFor("timeout")) >= 2 })
+	testkit.Eventually(t, 20*time.Second, "the attempt after a timeout", func() bool { return len(a.callsFor("timeout")) >= 2 })
 	time.Sleep(3 * contractTier) // any extra call would come by now
 	s.stop(t)
 

@@ -20,6 +20,7 @@ import (
 	"handoff.dev/handoff/internal/dispatch"
 	"handoff.dev/handoff/internal/journal"
 	"handoff.dev/handoff/internal/sidecar"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // Each crash window of DESIGN §2 gets a test: the sidecar stops right there
@@ -84,9 +85,9 @@ func TestCrashAfterSuccessBeforeAck(t *testing.T) {
 	s := startSidecarWith(t, cfg, sidecar.Options{Fault: fault})
 
 	publish(t, conn, q, publishing{MessageId: "c-1", Body: []byte("x")})
-	waitFor(t, 10*time.Second, "the crash", fired.Load)
+	testkit.Eventually(t, 10*time.Second, "the crash", fired.Load)
 	s.stop(t)
-	waitFor(t, 5*time.Second, "the unacked message back in the queue", func() bool { return depth(t, conn, q) == 1 })
+	testkit.Eventually(t, 5*time.Second, "the unacked message back in the queue", func() bool { return depth(t, conn, q) == 1 })
 
 	back := depth(t, conn, q)
 	s = startSidecar(t, cfg)
@@ -122,23 +123,23 @@ func TestCrashAfterPublishBeforeConfirm(t *testing.T) {
 	s := startSidecarWith(t, cfg, sidecar.Options{Fault: fault})
 
 	publish(t, conn, q, publishing{MessageId: "c-2", Body: []byte("x")})
-	waitFor(t, 10*time.Second, "the crash", fired.Load)
+	testkit.Eventually(t, 10*time.Second, "the crash", fired.Load)
 	s.stop(t)
 
 	s = startSidecar(t, cfg)
-	waitFor(t, 15*time.Second, "the retry", func() bool { return len(a.callsFor("c-2")) >= 2 })
+	testkit.Eventually(t, 15*time.Second, "the retry", func() bool { return len(a.callsFor("c-2")) >= 2 })
 	// Both copies (the one published before the crash and the one published
 	// again after it) come back through the retry queue.
 	retry := rabbitmq.RetryQueue(q)
 	tierQ := rabbitmq.TierQueue(q, tier)
-	waitFor(t, 10*time.Second, "both copies consumed", func() bool {
+	testkit.Eventually(t, 10*time.Second, "both copies consumed", func() bool {
 		return depth(t, conn, tierQ) == 0 && depth(t, conn, retry) == 0 && depth(t, conn, q) == 0
 	})
 	// One of them settled as a duplicate, and nothing left unsettled: the
 	// second copy dropped (or, had the first sidecar taken the first copy
 	// back before it stopped, the redelivered source settled because a
 	// later copy exists).
-	waitFor(t, 30*time.Second, "a duplicate settled and nothing unsettled", func() bool {
+	testkit.Eventually(t, 30*time.Second, "a duplicate settled and nothing unsettled", func() bool {
 		fams := scrape(t, s.health)
 		return sample(fams, "handoff_journal_duplicates_suppressed_total", nil) >= 1 &&
 			sample(fams, "handoff_oldest_unsettled_age_seconds", nil) == 0
@@ -174,9 +175,9 @@ func TestCrashAfterConfirmBeforeAck(t *testing.T) {
 	s := startSidecarWith(t, cfg, sidecar.Options{Fault: fault})
 
 	publish(t, conn, q, publishing{MessageId: "c-3", Body: []byte("x")})
-	waitFor(t, 10*time.Second, "the crash", fired.Load)
+	testkit.Eventually(t, 10*time.Second, "the crash", fired.Load)
 	s.stop(t)
-	waitFor(t, 5*time.Second, "the unacked message back in the queue", func() bool { return depth(t, conn, q) == 1 })
+	testkit.Eventually(t, 5*time.Second, "the unacked message back in the queue", func() bool { return depth(t, conn, q) == 1 })
 
 	back := depth(t, conn, q)
 	s = startSidecar(t, cfg)
@@ -217,9 +218,9 @@ func TestCrashAfterPublishBeforeConfirmDLQ(t *testing.T) {
 	for _, id := range []string{"other-1", "other-2", "c-5"} {
 		publish(t, conn, q, publishing{MessageId: id, Body: []byte(id)})
 	}
-	waitFor(t, 10*time.Second, "the crash", fired.Load)
+	testkit.Eventually(t, 10*time.Second, "the crash", fired.Load)
 	s.stop(t)
-	waitFor(t, 5*time.Second, "the unacked message back in the queue", func() bool { return depth(t, conn, q) >= 1 })
+	testkit.Eventually(t, 5*time.Second, "the unacked message back in the queue", func() bool { return depth(t, conn, q) >= 1 })
 
 	back := depth(t, conn, q)
 	s = startSidecar(t, cfg)
@@ -272,11 +273,11 @@ func TestCrashMidJournalBatch(t *testing.T) {
 	if err := s.halt(); err == nil || !strings.Contains(err.Error(), "journal") {
 		t.Fatalf("sidecar returned %v, want it to stop on the journal failure", err)
 	}
-	waitFor(t, 5*time.Second, "the unacked message back in the queue", func() bool { return depth(t, conn, q) == 1 })
+	testkit.Eventually(t, 5*time.Second, "the unacked message back in the queue", func() bool { return depth(t, conn, q) == 1 })
 
 	armed.Store(false)
 	s = startSidecar(t, cfg)
-	waitFor(t, 15*time.Second, "the message handled after the restart", func() bool {
+	testkit.Eventually(t, 15*time.Second, "the message handled after the restart", func() bool {
 		return depth(t, conn, q) == 0 && depth(t, conn, rabbitmq.RetryQueue(q)) == 0 &&
 			depth(t, conn, rabbitmq.TierQueue(q, tier)) == 0 && len(a.callsFor("c-4")) >= 2
 	})
@@ -308,7 +309,7 @@ func TestCrashAfterPublishBeforeConfirmKafka(t *testing.T) {
 	s := startSidecarWith(t, cfg, sidecar.Options{Fault: fault})
 
 	produceKafka(t, brokers, &kgo.Record{Topic: topic, Value: []byte("x"), Headers: []kgo.RecordHeader{{Key: "ce_id", Value: []byte("k-1")}}})
-	waitFor(t, 10*time.Second, "the crash", fired.Load)
+	testkit.Eventually(t, 10*time.Second, "the crash", fired.Load)
 	s.stop(t)
 
 	s = startSidecar(t, cfg)
@@ -344,7 +345,7 @@ func TestCrashAfterPublishBeforeConfirmKafkaTransactional(t *testing.T) {
 	s := startSidecarWith(t, cfg, sidecar.Options{Fault: fault})
 
 	produceKafka(t, brokers, &kgo.Record{Topic: topic, Value: []byte("x"), Headers: []kgo.RecordHeader{{Key: "ce_id", Value: []byte("t-1")}}})
-	waitFor(t, 20*time.Second, "the crash", fired.Load)
+	testkit.Eventually(t, 20*time.Second, "the crash", fired.Load)
 	s.stop(t)
 	// The offset committed with the copy, before the crash.
 	checkCommittedAtLogEnd(t, brokers, topic)

@@ -17,6 +17,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/broker/brokertest"
 	"handoff.dev/handoff/internal/broker/rabbitmq"
 	"handoff.dev/handoff/internal/budget"
 )
@@ -89,7 +90,7 @@ sources:
 retry: {max_attempts: 10, tiers: [%s], base: 50ms, cap: 200ms}
 telemetry: {metrics_listen: ""}
 journal: {path: %q}
-`, a.url(), rabbitURL(), q, crashLoopLimit, killTier, filepath.Join(t.TempDir(), "handoff.db")))
+`, a.url(), brokertest.RabbitURL(), q, crashLoopLimit, killTier, filepath.Join(t.TempDir(), "handoff.db")))
 
 	var ids []string
 	var msgs []publishing

@@ -15,6 +15,7 @@ import (
 
 	"handoff.dev/handoff/internal/broker/kafka"
 	"handoff.dev/handoff/internal/config"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // dashboardFile is the Grafana dashboard built on the sidecar's metrics.
@@ -221,7 +222,7 @@ func TestDashboardMetricsAreExported(t *testing.T) {
 	produceKafka(t, brokers, recs...)
 	// Not the open dead letters: their gauges are there from the start, and
 	// the index they are read from catches up on its own schedule.
-	waitFor(t, 60*time.Second, "the handled, retried and dead-lettered messages, and a backlog estimate", func() bool {
+	testkit.Eventually(t, 60*time.Second, "the handled, retried and dead-lettered messages, and a backlog estimate", func() bool {
 		f := scrape(t, s.health)
 		return sample(f, "handoff_outcomes_total", map[string]string{"outcome": "success"}) == 2 &&
 			sample(f, "handoff_deadletters_total", nil) == 1 &&
@@ -235,7 +236,7 @@ func TestDashboardMetricsAreExported(t *testing.T) {
 	}
 	r := retried[0]
 	produceKafka(t, brokers, &kgo.Record{Topic: r.Topic, Key: r.Key, Value: r.Value, Headers: r.Headers})
-	waitFor(t, 10*time.Second, "the second copy settled as a duplicate", func() bool {
+	testkit.Eventually(t, 10*time.Second, "the second copy settled as a duplicate", func() bool {
 		return sample(scrape(t, s.health), "handoff_journal_duplicates_suppressed_total", nil) == 1
 	})
 

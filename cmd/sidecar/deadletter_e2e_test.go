@@ -18,6 +18,7 @@ import (
 
 	adminv1 "handoff.dev/handoff/api/admin/v1"
 	"handoff.dev/handoff/internal/config"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // The dead-letter lifecycle of DESIGN §7 through running sidecars: dead
@@ -132,7 +133,7 @@ func allLetters(t *testing.T, c adminv1.AdminClient, states ...string) []*adminv
 func waitCounts(t *testing.T, c adminv1.AdminClient, want map[string]int64) {
 	t.Helper()
 	var got map[string]int64
-	waitFor(t, 60*time.Second, fmt.Sprintf("dead letters by state %v (last %v)", want, &got), func() bool {
+	testkit.Eventually(t, 60*time.Second, fmt.Sprintf("dead letters by state %v (last %v)", want, &got), func() bool {
 		got = counts(t, c).GetByState()
 		if len(got) != len(want) {
 			return false
@@ -151,7 +152,7 @@ func waitCounts(t *testing.T, c adminv1.AdminClient, want map[string]int64) {
 func waitReplay(t *testing.T, c adminv1.AdminClient, id string, timeout time.Duration) *adminv1.Replay {
 	t.Helper()
 	var r *adminv1.Replay
-	waitFor(t, timeout, "replay "+id+" to end", func() bool {
+	testkit.Eventually(t, timeout, "replay "+id+" to end", func() bool {
 		var err error
 		r, err = c.GetReplay(authed, &adminv1.GetReplayRequest{Id: id})
 		if err != nil {

@@ -16,7 +16,9 @@ import (
 
 	adminv1 "handoff.dev/handoff/api/admin/v1"
 	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/broker/brokertest"
 	"handoff.dev/handoff/internal/broker/rabbitmq"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // Dead letters through a replica's death and a version's upgrade: a replay
@@ -47,7 +49,7 @@ telemetry: {metrics_listen: ""}
 admin: {listen: %q, token_file: %q, token_name: %s}
 journal: {path: %q}
 deadletter: {poll: 100ms, replay_takeover: 2s}
-`, a.url(), rabbitURL(), q, addr, tok, name, filepath.Join(t.TempDir(), name+".db")))
+`, a.url(), brokertest.RabbitURL(), q, addr, tok, name, filepath.Join(t.TempDir(), name+".db")))
 		var logs bytes.Buffer
 		cmd := exec.Command(bin, "run", "--config", cfg)
 		cmd.Stderr = &logs
@@ -62,7 +64,7 @@ deadletter: {poll: 100ms, replay_takeover: 2s}
 			}
 		})
 		c := grpcAdmin(t, addr)
-		waitFor(t, 20*time.Second, name+"'s admin API", func() bool {
+		testkit.Eventually(t, 20*time.Second, name+"'s admin API", func() bool {
 			_, err := c.GetStatus(authed, &adminv1.GetStatusRequest{})
 			return err == nil
 		})
@@ -91,7 +93,7 @@ deadletter: {poll: 100ms, replay_takeover: 2s}
 	if run.GetRunner() == "" {
 		t.Fatalf("the replica that created the replay does not run it: %v", run)
 	}
-	waitFor(t, 20*time.Second, "half the replay", func() bool { return len(replayCalls(a, run.GetId())) >= 12 })
+	testkit.Eventually(t, 20*time.Second, "half the replay", func() bool { return len(replayCalls(a, run.GetId())) >= 12 })
 	if err := runnerCmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // sidecar dev runs the real pipeline on kfake and accounts for every order,
@@ -66,7 +68,7 @@ func TestDevStopsOnInterrupt(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill() }) // should the wait below fail
 	// Ctrl-C once the demo is running: an order has been handled.
-	waitFor(t, 60*time.Second, "the first order handled", func() bool { return strings.Contains(out.String(), "handled") })
+	testkit.Eventually(t, 60*time.Second, "the first order handled", func() bool { return strings.Contains(out.String(), "handled") })
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"text/tabwriter"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
@@ -15,6 +14,7 @@ import (
 
 	adminv1 "handoff.dev/handoff/api/admin/v1"
 	"handoff.dev/handoff/internal/deadletter"
+	"handoff.dev/handoff/internal/report"
 )
 
 // followEvery is how often --follow asks for a replay's progress.
@@ -80,11 +80,11 @@ func replayStartCmd() *cobra.Command {
 				if f.output == "json" {
 					return writeJSON(out, r)
 				}
-				writeStarted(out, r)
+				report.ReplayStarted(out, r)
 				return nil
 			}
 			if f.output == "text" {
-				writeStarted(out, r)
+				report.ReplayStarted(out, r)
 			}
 			return followAndReport(cmd, &f, c, r.GetId())
 		},
@@ -104,31 +104,6 @@ func replayStartCmd() *cobra.Command {
 	return cmd
 }
 
-// writeStarted says what a start did, or with a dry run would do.
-func writeStarted(w io.Writer, r *adminv1.Replay) {
-	if r.GetDryRun() {
-		fmt.Fprintf(w, "dry run: would replay %s of %s\n", deadLetters(len(r.GetIds())), shown(r.GetSource()))
-		for _, id := range r.GetIds() {
-			fmt.Fprintf(w, "  %s\n", shown(id))
-		}
-		return
-	}
-	fmt.Fprintf(w, "replay %s started: %s of %s, %s\n", shown(r.GetId()), deadLetters(int(r.GetProgress().GetSelected())), shown(r.GetSource()), replaySettings(r))
-}
-
-// replaySettings are a replay's rate, batch, sample and stop threshold.
-func replaySettings(r *adminv1.Replay) string {
-	s := fmt.Sprintf("%g/s in batches of %d", r.GetRatePerSecond(), r.GetBatchSize())
-	if r.GetSample() > 0 {
-		s += fmt.Sprintf(", a sample of %d first", r.GetSample())
-	}
-	s += fmt.Sprintf(", stop past %g%% failures", r.GetStopFailureRatio()*100)
-	if r.GetForce() {
-		s += ", forced"
-	}
-	return s
-}
-
 // followAndReport follows a replay to its end, then prints it: a summary,
 // or the final Replay as JSON.
 func followAndReport(cmd *cobra.Command, f *adminFlags, c adminv1.AdminClient, id string) error {
@@ -139,7 +114,7 @@ func followAndReport(cmd *cobra.Command, f *adminFlags, c adminv1.AdminClient, i
 	if f.output == "json" {
 		return writeJSON(cmd.OutOrStdout(), r)
 	}
-	writeSummary(cmd.OutOrStdout(), r)
+	report.ReplaySummary(cmd.OutOrStdout(), r)
 	return nil
 }
 
@@ -170,11 +145,11 @@ func followReplay(ctx context.Context, c adminv1.AdminClient, timeout time.Durat
 				progressbar.OptionSetWidth(30),
 				progressbar.OptionShowCount(),
 				progressbar.OptionSetPredictTime(false), // the sidecar's ETA, at the run's rate, is shown instead
-				progressbar.OptionSetDescription("replay "+shown(id)),
+				progressbar.OptionSetDescription("replay "+report.Shown(id)),
 			)
 		}
 		if pb != nil {
-			pb.Describe(progressLine(r))
+			pb.Describe(report.Progress(r))
 			_ = pb.Set64(p.GetPublished())
 		}
 		if r.GetState() != string(deadletter.RunRunning) {
@@ -186,84 +161,6 @@ func followReplay(ctx context.Context, c adminv1.AdminClient, timeout time.Durat
 		case <-tick.C:
 		}
 	}
-}
-
-// progressLine is the bar's description: the replay, its rate and ETA, or
-// why it is paused.
-func progressLine(r *adminv1.Replay) string {
-	p := r.GetProgress()
-	s := fmt.Sprintf("replay %s %.1f/s", shown(r.GetId()), p.GetRate())
-	if r.GetPaused() {
-		return s + ", paused: " + shown(r.GetDetail())
-	}
-	if p.GetEta() != nil && p.GetRemaining() > 0 {
-		s += ", ETA " + p.GetEta().AsDuration().Round(time.Second).String()
-	}
-	return s
-}
-
-// writeSummary is the last word on a replay: its state, why, and what
-// became of its dead letters.
-func writeSummary(w io.Writer, r *adminv1.Replay) {
-	fmt.Fprintf(w, "replay %s %s", shown(r.GetId()), r.GetState())
-	if r.GetDetail() != "" {
-		fmt.Fprintf(w, ": %s", shown(r.GetDetail()))
-	}
-	fmt.Fprintln(w)
-	p := r.GetProgress()
-	fmt.Fprintf(w, "  published %d of %d, handled %d, failed %d, skipped %d", p.GetPublished(), p.GetSelected(), p.GetHandled(), p.GetFailed(), p.GetSkipped())
-	switch {
-	case p.GetRemaining() > 0 && r.GetState() == "running":
-		fmt.Fprintf(w, ", remaining %d", p.GetRemaining())
-	case p.GetRemaining() > 0:
-		// Their state is unchanged: a later run may take them.
-		fmt.Fprintf(w, ", %d left unpublished", p.GetRemaining())
-	}
-	fmt.Fprintln(w)
-}
-
-// writeReplay prints a replay for a reader.
-func writeReplay(w io.Writer, r *adminv1.Replay) {
-	field := func(name, v string) {
-		if v != "" {
-			fmt.Fprintf(w, "%-10s%s\n", name, v)
-		}
-	}
-	field("replay", shown(r.GetId()))
-	field("source", shown(r.GetSource()))
-	state := r.GetState()
-	if r.GetPaused() {
-		state += ", paused"
-	}
-	if r.GetDetail() != "" {
-		state += ": " + shown(r.GetDetail())
-	}
-	field("state", state)
-	created := tableTime(r.GetCreatedAt()) + " by " + shown(r.GetCreatedBy())
-	if r.GetWhy() != "" {
-		created += ": " + shown(r.GetWhy())
-	}
-	field("created", created)
-	if r.GetEndedAt() != nil {
-		field("ended", tableTime(r.GetEndedAt()))
-	}
-	if r.GetRunner() != "" {
-		field("runner", shown(r.GetRunner())+", last heartbeat "+tableTime(r.GetHeartbeatAt()))
-	}
-	field("settings", replaySettings(r))
-	p := r.GetProgress()
-	prog := fmt.Sprintf("published %d of %d, handled %d, failed %d, skipped %d, remaining %d",
-		p.GetPublished(), p.GetSelected(), p.GetHandled(), p.GetFailed(), p.GetSkipped(), p.GetRemaining())
-	if p.GetRate() > 0 {
-		prog += fmt.Sprintf(", %.1f/s", p.GetRate())
-	}
-	if w := p.GetWaited().AsDuration(); w > 0 {
-		prog += ", waited " + w.Round(time.Second).String()
-	}
-	if p.GetEta() != nil && p.GetRemaining() > 0 {
-		prog += ", ETA " + p.GetEta().AsDuration().Round(time.Second).String()
-	}
-	field("progress", prog)
 }
 
 func replayStatusCmd() *cobra.Command {
@@ -293,7 +190,7 @@ func replayStatusCmd() *cobra.Command {
 			if f.output == "json" {
 				return writeJSON(cmd.OutOrStdout(), m)
 			}
-			writeReplay(cmd.OutOrStdout(), m.(*adminv1.Replay))
+			report.Replay(cmd.OutOrStdout(), m.(*adminv1.Replay))
 			return nil
 		},
 	}
@@ -321,32 +218,13 @@ func replayListCmd() *cobra.Command {
 			if f.output == "json" {
 				return writeJSON(cmd.OutOrStdout(), m)
 			}
-			writeReplays(cmd.OutOrStdout(), m.(*adminv1.ListReplaysResponse))
+			report.Replays(cmd.OutOrStdout(), m.(*adminv1.ListReplaysResponse))
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&source, "source", "", "only this source's replays")
 	f.add(cmd)
 	return cmd
-}
-
-func writeReplays(w io.Writer, l *adminv1.ListReplaysResponse) {
-	if len(l.GetReplays()) == 0 {
-		fmt.Fprintln(w, "no replays")
-		return
-	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSOURCE\tSTATE\tCREATED\tBY\tPUBLISHED\tHANDLED\tFAILED\tSKIPPED")
-	for _, r := range l.GetReplays() {
-		p := r.GetProgress()
-		state := r.GetState()
-		if r.GetPaused() {
-			state += " (paused)"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d/%d\t%d\t%d\t%d\n", shown(r.GetId()), shown(r.GetSource()), state, tableTime(r.GetCreatedAt()),
-			shown(r.GetCreatedBy()), p.GetPublished(), p.GetSelected(), p.GetHandled(), p.GetFailed(), p.GetSkipped())
-	}
-	_ = tw.Flush()
 }
 
 func replayCancelCmd() *cobra.Command {
@@ -368,7 +246,7 @@ func replayCancelCmd() *cobra.Command {
 			if f.output == "json" {
 				return writeJSON(cmd.OutOrStdout(), m)
 			}
-			writeSummary(cmd.OutOrStdout(), m.(*adminv1.Replay))
+			report.ReplaySummary(cmd.OutOrStdout(), m.(*adminv1.Replay))
 			return nil
 		},
 	}
@@ -376,12 +254,4 @@ func replayCancelCmd() *cobra.Command {
 	cmd.Flags().StringVar(&operator, "operator", os.Getenv("USER"), "who is acting, recorded after the token's name")
 	f.add(cmd)
 	return cmd
-}
-
-// deadLetters is "1 dead letter" or "n dead letters".
-func deadLetters(n int) string {
-	if n == 1 {
-		return "1 dead letter"
-	}
-	return fmt.Sprintf("%d dead letters", n)
 }

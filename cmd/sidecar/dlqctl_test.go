@@ -19,6 +19,7 @@ import (
 	"handoff.dev/handoff/internal/deadletter"
 	"handoff.dev/handoff/internal/dispatch"
 	"handoff.dev/handoff/internal/journal"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // The CLI's dead letters: two of a RabbitMQ source, one of a Kafka source
@@ -64,15 +65,7 @@ func dlqServer(t *testing.T) (string, string, *admintest.DeadLetters) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("admin server: %v", err)
-		}
-	})
+	testkit.Serve(t, s.Run)
 	return s.Addr(), tokenFile(t, adminTestToken, 0o600), d
 }
 
@@ -98,7 +91,7 @@ func TestDlqList(t *testing.T) {
 	if err != nil {
 		t.Fatalf("dlq list: %v\n%s", err, errOut)
 	}
-	golden(t, "dlq_list.golden", out)
+	testkit.Golden(t, "dlq_list.golden", out)
 
 	out, _, err = dlqRun(t, append([]string{"dlq", "list", "--source", "orders", "--state", "terminated,approved", "--since", "2026-03-01T12:00:30Z"}, conn...)...)
 	if err != nil {
@@ -139,7 +132,7 @@ func TestDlqShow(t *testing.T) {
 	if err != nil {
 		t.Fatalf("dlq show: %v\n%s", err, errOut)
 	}
-	golden(t, "dlq_show.golden", out)
+	testkit.Golden(t, "dlq_show.golden", out)
 
 	out, _, err = dlqRun(t, append([]string{"dlq", "show", "orders.billing.dlq/0/17", "--body-limit", "4"}, conn...)...)
 	if err != nil {

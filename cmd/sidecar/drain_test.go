@@ -17,6 +17,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"handoff.dev/handoff/internal/config"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // The drain run's shape: an app that handles mu a second, a backlog of
@@ -190,7 +191,7 @@ func drainRun(t *testing.T, preload int, send func(context.Context, string) erro
 	// that neither side's window still holds the start (the sidecar
 	// connecting, its first calls), the estimate matches the run's own
 	// arithmetic.
-	waitFor(t, 40*time.Second, "two whole windows of readings", func() bool {
+	testkit.Eventually(t, 40*time.Second, "two whole windows of readings", func() bool {
 		return time.Since(started) > 2*drainWindow+time.Second && gauge("handoff_backlog_drain_seconds") >= 0
 	})
 	// Three readings, half a second apart; their middle one is held to
@@ -211,7 +212,7 @@ func drainRun(t *testing.T, preload int, send func(context.Context, string) erro
 		}
 		ratios = append(ratios, got/want)
 		next := time.Now().Add(500 * time.Millisecond)
-		waitFor(t, 5*time.Second, "the next reading", func() bool { return time.Now().After(next) })
+		testkit.Eventually(t, 5*time.Second, "the next reading", func() bool { return time.Now().After(next) })
 	}
 	sort.Float64s(ratios)
 	if mid := ratios[1]; math.Abs(mid-1) > 0.2 {
@@ -223,7 +224,7 @@ func drainRun(t *testing.T, preload int, send func(context.Context, string) erro
 	// producer to reach its pace.
 	arrivals.SetLimit(drainLambdaFast)
 	appLimit.SetLimit(drainMuSlow)
-	waitFor(t, 4*drainWindow, "the drain time to say +Inf", func() bool {
+	testkit.Eventually(t, 4*drainWindow, "the drain time to say +Inf", func() bool {
 		return math.IsInf(gauge("handoff_backlog_drain_seconds"), 1)
 	})
 	if _, b, lambda, mu := own(); mu >= lambda {

@@ -12,6 +12,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"handoff.dev/handoff/internal/broker/brokertest"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // drainGet asks the sidecar at addr to drain, with auth as the
@@ -52,7 +55,7 @@ sources:
 retry: {tiers: [1s]}
 shutdown: {drain_timeout: 5s}
 journal: {path: %q}
-`, a.url(), rabbitURL(), q, filepath.Join(t.TempDir(), "handoff.db")))
+`, a.url(), brokertest.RabbitURL(), q, filepath.Join(t.TempDir(), "handoff.db")))
 
 	// No token on a listener other hosts reach: refused, exit 2.
 	cmd := exec.Command(bin, "run", "--config", path)
@@ -74,7 +77,7 @@ journal: {path: %q}
 	}
 	addr := net.JoinHostPort("127.0.0.1", port)
 	publish(t, conn, q, publishing{MessageId: "before", Body: []byte("x")})
-	waitFor(t, 20*time.Second, "the first message at the app", func() bool { return len(a.callsFor("before")) == 1 })
+	testkit.Eventually(t, 20*time.Second, "the first message at the app", func() bool { return len(a.callsFor("before")) == 1 })
 
 	for _, auth := range []string{"", "Bearer not-the-token-at-all-000000", "Bearer " + token[:len(token)-1], "Basic " + token} {
 		if code := drainGet(t, addr, auth); code != http.StatusUnauthorized {
@@ -83,7 +86,7 @@ journal: {path: %q}
 	}
 	// Nothing changed: still running, still consuming.
 	publish(t, conn, q, publishing{MessageId: "after", Body: []byte("x")})
-	waitFor(t, 20*time.Second, "a message after the refused drains at the app", func() bool { return len(a.callsFor("after")) == 1 })
+	testkit.Eventually(t, 20*time.Second, "a message after the refused drains at the app", func() bool { return len(a.callsFor("after")) == 1 })
 	if resp, err := http.Get("http://" + addr + "/runningz"); err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("/runningz after refused drains: %v %v, want 200", resp, err)
 	}

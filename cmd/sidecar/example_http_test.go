@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // Each HTTP example app (examples/http-go, http-node, http-python) runs as
@@ -118,7 +120,7 @@ func startExample(t *testing.T, command ...string) (addr string, log func() stri
 	var once sync.Once
 	stop := func() { once.Do(func() { _ = app.Process.Kill(); <-exited }) }
 	t.Cleanup(stop)
-	waitFor(t, 20*time.Second, "the example app to listen", func() bool {
+	testkit.Eventually(t, 20*time.Second, "the example app to listen", func() bool {
 		select {
 		case <-exited:
 			t.Fatalf("%s exited before it listened:\n%s", strings.Join(command, " "), out.String())

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // The gRPC example app (examples/grpc-go) runs against sidecar dev --app, as
@@ -30,7 +32,7 @@ func TestDevAgainstGRPCExample(t *testing.T) {
 	var stopped sync.Once
 	stopApp := func() { stopped.Do(func() { _ = app.Process.Kill(); _ = app.Wait() }) }
 	t.Cleanup(stopApp)
-	waitFor(t, 20*time.Second, "the example app to listen", func() bool {
+	testkit.Eventually(t, 20*time.Second, "the example app to listen", func() bool {
 		c, err := net.Dial("tcp", addr)
 		if err == nil {
 			c.Close()

@@ -13,7 +13,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -28,20 +27,14 @@ import (
 	"handoff.dev/handoff/internal/config"
 	"handoff.dev/handoff/internal/handler"
 	"handoff.dev/handoff/internal/sidecar"
+	"handoff.dev/handoff/internal/testkit"
 )
-
-func rabbitURL() string {
-	if u := os.Getenv("HANDOFF_RABBITMQ_URL"); u != "" {
-		return u
-	}
-	return "amqp://guest:guest@127.0.0.1:5672/"
-}
 
 // dialRabbit connects to the test broker. Broker tests skip under -short and
 // otherwise fail, never skip, when it is missing: make brokers starts it.
 func dialRabbit(t *testing.T) *amqp.Connection {
 	t.Helper()
-	return dialRabbitURL(t, rabbitURL())
+	return dialRabbitURL(t, brokertest.RabbitURL())
 }
 
 func dialRabbitURL(t *testing.T, url string) *amqp.Connection {
@@ -71,7 +64,7 @@ func testQueue(t *testing.T, conn *amqp.Connection, tiers []time.Duration) strin
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		c, err := amqp.Dial(rabbitURL())
+		c, err := amqp.Dial(brokertest.RabbitURL())
 		if err != nil {
 			return
 		}
@@ -366,7 +359,7 @@ func testConfig(appURL, queue string, tiers ...time.Duration) config.Config {
 	cfg.Handler.Timeout = config.Duration(2 * time.Second)
 	cfg.Handler.MaxConcurrency = 16
 	declare := true
-	cfg.Sources = []config.Source{{Name: "test", RabbitMQ: &config.RabbitMQ{URL: rabbitURL(), Queue: queue, Prefetch: 16, Declare: &declare}}}
+	cfg.Sources = []config.Source{{Name: "test", RabbitMQ: &config.RabbitMQ{URL: brokertest.RabbitURL(), Queue: queue, Prefetch: 16, Declare: &declare}}}
 	cfg.Retry.Tiers = nil
 	for _, d := range tiers {
 		cfg.Retry.Tiers = append(cfg.Retry.Tiers, config.Duration(d))
@@ -412,7 +405,7 @@ func startSidecarWith(t *testing.T, cfg config.Config, o sidecar.Options) *inPro
 	s := &inProcess{cancel: cancel, done: make(chan error, 1), health: sc.HealthAddr(), admin: sc.AdminAddr()}
 	go func() { s.done <- sc.Run(ctx) }()
 	t.Cleanup(func() { s.stop(t) })
-	waitFor(t, 15*time.Second, "/readyz", func() bool {
+	testkit.Eventually(t, 15*time.Second, "/readyz", func() bool {
 		select {
 		case err := <-s.done:
 			s.done <- err
@@ -470,24 +463,13 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // waitSettled waits until the sidecar has taken at least received
 // deliveries since it started and holds none of them unsettled: each one it
 // took has been acked, handed back or moved on, so whatever it would do
 // with them is done.
 func waitSettled(t *testing.T, s *inProcess, received int) {
 	t.Helper()
-	waitFor(t, 30*time.Second, fmt.Sprintf("%d deliveries taken and settled", received), func() bool {
+	testkit.Eventually(t, 30*time.Second, fmt.Sprintf("%d deliveries taken and settled", received), func() bool {
 		fams := scrape(t, s.health)
 		return sample(fams, "handoff_messages_received_total", nil) >= float64(received) &&
 			sample(fams, "handoff_oldest_unsettled_age_seconds", nil) == 0
@@ -504,7 +486,7 @@ func testVhost(t *testing.T) string {
 	rabbitmqctl(t, "add_vhost", vhost)
 	t.Cleanup(func() { _ = exec.Command("rabbitmqctl", "delete_vhost", vhost).Run() })
 	rabbitmqctl(t, "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
-	return strings.TrimSuffix(rabbitURL(), "/") + "/" + vhost
+	return strings.TrimSuffix(brokertest.RabbitURL(), "/") + "/" + vhost
 }
 
 func rabbitmqctl(t *testing.T, args ...string) {

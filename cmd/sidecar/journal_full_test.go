@@ -14,7 +14,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"handoff.dev/handoff/internal/broker/brokertest"
 	"handoff.dev/handoff/internal/broker/rabbitmq"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // boltHighWater is the end of the pages a bbolt file uses, in bytes, read
@@ -81,7 +83,7 @@ sources:
 retry: {tiers: [1s]}
 telemetry: {metrics_listen: "127.0.0.1:0"}
 journal: {path: %q}
-`, a.url(), rabbitURL(), q, jpath))
+`, a.url(), brokertest.RabbitURL(), q, jpath))
 	r := startBinary(t, bin, path)
 	count := func() int {
 		mu.Lock()
@@ -97,19 +99,19 @@ journal: {path: %q}
 		publish(t, conn, q, msgs...)
 	}
 	publishN(0, 50)
-	waitFor(t, 15*time.Second, "the first messages handled", func() bool { return count() == 50 && depth(t, conn, q) == 0 })
+	testkit.Eventually(t, 15*time.Second, "the first messages handled", func() bool { return count() == 50 && depth(t, conn, q) == 0 })
 
 	// No room: the file may not grow past the pages in use and a little.
 	setFileLimit(t, r.cmd.Process.Pid, uint64(boltHighWater(t, jpath)+16<<10))
 	const total = 1500
 	publishN(50, total-50)
-	waitFor(t, 30*time.Second, "/readyz to say the journal has no room", func() bool {
+	testkit.Eventually(t, 30*time.Second, "/readyz to say the journal has no room", func() bool {
 		_, readyz := healthBodies(t, r.health)
 		return strings.Contains(readyz, "journal: journal: no room to write")
 	})
 	// Near the limit a commit that reuses freed pages can succeed and reopen
 	// intake for a moment, so the gauge is read until it says so.
-	waitFor(t, 30*time.Second, "/metrics to say handoff_journal_writable 0", func() bool {
+	testkit.Eventually(t, 30*time.Second, "/metrics to say handoff_journal_writable 0", func() bool {
 		return sample(scrape(t, r.health), "handoff_journal_writable", nil) == 0
 	})
 	held := count()
@@ -122,7 +124,7 @@ journal: {path: %q}
 
 	// Room again: every message is handled, the queue drains.
 	setFileLimit(t, r.cmd.Process.Pid, unix.RLIM_INFINITY)
-	waitFor(t, 60*time.Second, "every message handled once there is room", func() bool {
+	testkit.Eventually(t, 60*time.Second, "every message handled once there is room", func() bool {
 		return count() == total && depth(t, conn, q) == 0
 	})
 	_, readyz := healthBodies(t, r.health)

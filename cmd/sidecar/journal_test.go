@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,9 +10,8 @@ import (
 	"time"
 
 	"handoff.dev/handoff/internal/journal"
+	"handoff.dev/handoff/internal/testkit"
 )
-
-var update = flag.Bool("update", false, "rewrite golden files in testdata/")
 
 // sampleJournal writes a journal with hand-offs in known states and fixed
 // times: a retry then success, a dead letter, and one left open mid-call.
@@ -74,23 +72,6 @@ func runCLI(t *testing.T, args ...string) (string, error) {
 	return out.String(), err
 }
 
-func golden(t *testing.T, name, got string) {
-	t.Helper()
-	path := filepath.Join("testdata", name)
-	if *update {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run with -update to create it)", err)
-	}
-	if got != string(want) {
-		t.Errorf("output differs from %s (run with -update if the change is right):\n--- got\n%s--- want\n%s", path, got, want)
-	}
-}
-
 func TestJournalEventsCommand(t *testing.T) {
 	path := sampleJournal(t)
 	tests := []struct {
@@ -109,7 +90,7 @@ func TestJournalEventsCommand(t *testing.T) {
 			if err != nil {
 				t.Fatalf("journal events: %v\n%s", err, out)
 			}
-			golden(t, tt.golden, out)
+			testkit.Golden(t, tt.golden, out)
 		})
 	}
 	t.Run("since excludes old hand-offs", func(t *testing.T) {
@@ -243,5 +224,5 @@ func TestJournalRepairKeepsRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	golden(t, "journal_events_all.golden", out)
+	testkit.Golden(t, "journal_events_all.golden", out)
 }

@@ -14,6 +14,7 @@ import (
 	"handoff.dev/handoff/internal/broker/brokertest"
 	"handoff.dev/handoff/internal/broker/kafka"
 	"handoff.dev/handoff/internal/config"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // The RabbitMQ outcome contract, through a Kafka source (kfake: franz-go's
@@ -164,11 +165,11 @@ func testKafkaOutcomeContract(t *testing.T, transport string, brokers []string, 
 	}
 	produceKafka(t, brokers, rec("ok", forged...), rec("flaky"), rec("poison"), rec("broken"), rec("later"))
 	dlq := kafka.DeadLetterTopic(topic, kafkaGroup(topic))
-	waitFor(t, 30*time.Second, "every outcome", func() bool {
+	testkit.Eventually(t, 30*time.Second, "every outcome", func() bool {
 		return len(a.callsFor("ok")) == 1 && len(a.callsFor("flaky")) == 2 && len(a.callsFor("later")) == 2 &&
 			len(a.callsFor("broken")) == 3 && len(a.callsFor("poison")) == 1
 	})
-	waitFor(t, 10*time.Second, "two DLQ records", func() bool { return len(readTopic(t, brokers, dlq)) == 2 })
+	testkit.Eventually(t, 10*time.Second, "two DLQ records", func() bool { return len(readTopic(t, brokers, dlq)) == 2 })
 	time.Sleep(3 * tierD)
 	s.stop(t)
 

@@ -13,6 +13,7 @@ import (
 
 	"handoff.dev/handoff/internal/broker/kafka"
 	"handoff.dev/handoff/internal/config"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // kafkaLocal runs scripts/kafka-local with args.
@@ -102,11 +103,11 @@ func TestKafkaBrokerFailover(t *testing.T) {
 		wg.Wait()
 		produced <- first
 	}()
-	waitFor(t, 60*time.Second, "a third of the stream produced", func() bool { return sent.Load() >= streamed/3 })
+	testkit.Eventually(t, 60*time.Second, "a third of the stream produced", func() bool { return sent.Load() >= streamed/3 })
 	kafkaLocal(t, "stop-node", "2")
 	stoppedAt := len(l.allCalls())
 	downOnce.Do(func() { close(down) })
-	waitFor(t, 60*time.Second, "a second third produced while broker 2 is down", func() bool { return sent.Load() >= 2*streamed/3 })
+	testkit.Eventually(t, 60*time.Second, "a second third produced while broker 2 is down", func() bool { return sent.Load() >= 2*streamed/3 })
 	kafkaLocal(t, "start-node", "2")
 	upOnce.Do(func() { close(up) })
 	if err := <-produced; err != nil {
@@ -122,7 +123,7 @@ func TestKafkaBrokerFailover(t *testing.T) {
 			t.Fatalf("produce %s: %v", id, err)
 		}
 	}
-	waitFor(t, 60*time.Second, "calls in flight", func() bool { return len(l.allCalls()) > calls })
+	testkit.Eventually(t, 60*time.Second, "calls in flight", func() bool { return len(l.allCalls()) > calls })
 	// All three killed at once, as a crash (or a power cut of the
 	// processes alone) would: what a single broker's restart is, and faster
 	// to wait for than a controlled shutdown without a quorum.
@@ -135,7 +136,7 @@ func TestKafkaBrokerFailover(t *testing.T) {
 
 	poison := len(ids) / 10
 	dlq := kafka.DeadLetterTopic(topic, kafkaGroup(topic))
-	waitFor(t, 180*time.Second, "every record handled or dead-lettered", func() bool {
+	testkit.Eventually(t, 180*time.Second, "every record handled or dead-lettered", func() bool {
 		return l.handled() == len(ids)-poison && len(readTopic(t, brokers, dlq)) >= poison
 	})
 	dead := idsOf(readTopic(t, brokers, dlq), func(r *kgo.Record) string { return string(r.Value) })

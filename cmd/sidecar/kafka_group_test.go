@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // TestKafkaTwoSidecarsOneKilled runs two sidecar processes in one group on
@@ -75,7 +77,7 @@ journal: {path: %q}
 		}
 	})
 
-	waitFor(t, 60*time.Second, "a third of the records", func() bool { return len(a.allCalls()) >= n/3 })
+	testkit.Eventually(t, 60*time.Second, "a third of the records", func() bool { return len(a.allCalls()) >= n/3 })
 	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -89,12 +91,12 @@ journal: {path: %q}
 		}
 		return m
 	}
-	waitFor(t, 90*time.Second, "every record after the kill", func() bool { return len(seen()) == n })
+	testkit.Eventually(t, 90*time.Second, "every record after the kill", func() bool { return len(seen()) == n })
 	// Every record called is not every partition taken over: the killed
 	// one may have called a partition's last records without committing
 	// them, and its partitions move only after its session timeout. The
 	// survivor commits as it goes; wait for its commits to reach the end.
-	waitFor(t, 90*time.Second, "the survivor's commits at every partition's log end", func() bool {
+	testkit.Eventually(t, 90*time.Second, "the survivor's commits at every partition's log end", func() bool {
 		return len(committedBehind(t, brokers, topic)) == 0
 	})
 	if err := second.Process.Signal(syscall.SIGTERM); err != nil {

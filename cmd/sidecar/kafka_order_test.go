@@ -12,6 +12,7 @@ import (
 
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/broker/kafka"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // orderWorkload produces a poison record (the app answers 500 until it is
@@ -72,7 +73,7 @@ func testPartitionOrder(t *testing.T, b kafkaBackend) {
 	// tests). 300 show the order as well.
 	const n = 300
 	a, brokers, topic := orderWorkload(t, b, "partition", n)
-	waitFor(t, 120*time.Second, "every good record", func() bool { return len(goodCalls(a)) >= n })
+	testkit.Eventually(t, 120*time.Second, "every good record", func() bool { return len(goodCalls(a)) >= n })
 
 	poison := a.callsFor("poison")
 	if len(poison) != 3 {
@@ -119,7 +120,7 @@ func TestKafkaKeyOrderPoisonDoesNotBlockOtherKeys(t *testing.T) {
 func testKeyOrder(t *testing.T, b kafkaBackend) {
 	const n = 1000
 	a, _, _ := orderWorkload(t, b, "key", n)
-	waitFor(t, 60*time.Second, "every good record and the poison's last attempt", func() bool {
+	testkit.Eventually(t, 60*time.Second, "every good record and the poison's last attempt", func() bool {
 		return len(goodCalls(a)) >= n && len(a.callsFor("poison")) == 3
 	})
 	lastPoison := a.callsFor("poison")[2].At

@@ -20,6 +20,7 @@ import (
 
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/broker/kafka"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // resumeBound is how soon after its start a sidecar restarted on the same
@@ -114,7 +115,7 @@ journal: {path: %q}
 		}
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 		var first time.Time
-		waitFor(t, 90*time.Second, fmt.Sprintf("run %d to consume", len(logs)), func() bool {
+		testkit.Eventually(t, 90*time.Second, fmt.Sprintf("run %d to consume", len(logs)), func() bool {
 			for _, c := range a.allCalls() {
 				if c.At.After(began) {
 					first = c.At
@@ -168,7 +169,7 @@ journal: {path: %q}
 		}
 		return true
 	}
-	waitFor(t, 90*time.Second, "every message handled or dead-lettered", settled)
+	testkit.Eventually(t, 90*time.Second, "every message handled or dead-lettered", settled)
 	if err := final.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

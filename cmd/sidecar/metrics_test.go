@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"handoff.dev/handoff/internal/config"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // scrape reads the sidecar's /metrics as Prometheus parses it.
@@ -97,7 +98,7 @@ func TestMetricsMatchWhatHappened(t *testing.T) {
 		ids = append(ids, fmt.Sprintf("bad-%d", i))
 	}
 	check := func(t *testing.T, a *app, s *inProcess) {
-		waitFor(t, 30*time.Second, "every outcome", func() bool {
+		testkit.Eventually(t, 30*time.Second, "every outcome", func() bool {
 			fams := scrape(t, s.health)
 			return sample(fams, "handoff_outcomes_total", map[string]string{"outcome": "success"}) == ok+flaky &&
 				sample(fams, "handoff_deadletters_total", map[string]string{"reason": "permanent"}) == bad
@@ -134,12 +135,12 @@ func TestMetricsMatchWhatHappened(t *testing.T) {
 			}
 		}
 		// The dead letters' gauges follow the index: 3 pending.
-		waitFor(t, 10*time.Second, "3 open dead letters", func() bool {
+		testkit.Eventually(t, 10*time.Second, "3 open dead letters", func() bool {
 			return sample(scrape(t, s.health), "handoff_deadletters_open", map[string]string{"source": "test", "state": "pending"}) == bad
 		})
 		// The backlog is read back to empty; with nothing waiting, nothing
 		// is left to drain.
-		waitFor(t, 10*time.Second, "the backlog's gauges", func() bool {
+		testkit.Eventually(t, 10*time.Second, "the backlog's gauges", func() bool {
 			fams := scrape(t, s.health)
 			return sample(fams, "handoff_backlog_messages", map[string]string{"source": "test"}) == 0 &&
 				sample(fams, "handoff_backlog_drain_seconds", map[string]string{"source": "test"}) == 0 &&

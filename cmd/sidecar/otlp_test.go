@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 
 	"handoff.dev/handoff/internal/config"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // collector is an OTLP/gRPC collector on loopback that keeps what it is
@@ -149,7 +150,7 @@ func TestOTLPCollectorGetsMetricsAndSpans(t *testing.T) {
 		ms = append(ms, publishing{MessageId: fmt.Sprintf("otlp-%d", i), Body: []byte("x")})
 	}
 	publish(t, conn, q, ms...)
-	waitFor(t, 20*time.Second, "the outcomes pushed to the collector", func() bool {
+	testkit.Eventually(t, 20*time.Second, "the outcomes pushed to the collector", func() bool {
 		got, _ := coll.sum("handoff.outcomes", map[string]string{"source": "test", "outcome": "success"})
 		return got == n
 	})

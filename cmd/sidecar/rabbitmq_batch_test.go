@@ -8,6 +8,7 @@ import (
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/broker/rabbitmq"
 	"handoff.dev/handoff/internal/config"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // The outcome contract with batch delivery on RabbitMQ: one mixed batch,
@@ -41,7 +42,7 @@ func testRabbitBatchOutcomeContract(t *testing.T, transport string) {
 	}
 	publish(t, conn, q, msgs...)
 	dlq := rabbitmq.DeadLetterQueue(q)
-	waitFor(t, 20*time.Second, "every outcome", func() bool {
+	testkit.Eventually(t, 20*time.Second, "every outcome", func() bool {
 		return len(a.callsFor("flaky")) == 2 && len(a.callsFor("broken")) == 3 && len(readStream(t, conn, dlq)) == 2
 	})
 	time.Sleep(3 * tier)

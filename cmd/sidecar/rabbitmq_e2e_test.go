@@ -15,6 +15,7 @@ import (
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/broker/rabbitmq"
 	"handoff.dev/handoff/internal/config"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // These tests run the whole sidecar (serve) against the real RabbitMQ and a
@@ -36,7 +37,7 @@ func TestRabbitSuccessAckedOnce(t *testing.T) {
 		Body:        []byte(`{"n":1}`),
 		Headers:     amqp.Table{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "x-tenant": "acme", "count": int32(7)},
 	})
-	waitFor(t, 10*time.Second, "the app call", func() bool { return len(a.callsFor("m-1")) == 1 })
+	testkit.Eventually(t, 10*time.Second, "the app call", func() bool { return len(a.callsFor("m-1")) == 1 })
 	s.stop(t)
 
 	c := a.callsFor("m-1")[0]
@@ -80,7 +81,7 @@ func TestRabbitTransientThenSuccess(t *testing.T) {
 	startSidecar(t, testConfig(a.url(), q, tier, 2*tier))
 
 	publish(t, conn, q, publishing{MessageId: "m-2", Body: []byte("x")})
-	waitFor(t, 10*time.Second, "two calls", func() bool { return len(a.callsFor("m-2")) == 2 })
+	testkit.Eventually(t, 10*time.Second, "two calls", func() bool { return len(a.callsFor("m-2")) == 2 })
 	time.Sleep(3 * tier) // a third call would come by now
 
 	calls := a.callsFor("m-2")
@@ -122,7 +123,7 @@ func TestRabbitPermanentDeadLetters(t *testing.T) {
 		CorrelationId: "corr-9", Headers: amqp.Table{"x-tenant": "acme", "nested": amqp.Table{"a": int32(1)}},
 	})
 	dlq := rabbitmq.DeadLetterQueue(q)
-	waitFor(t, 10*time.Second, "the DLQ copy", func() bool { return len(readStream(t, conn, dlq)) == 1 })
+	testkit.Eventually(t, 10*time.Second, "the DLQ copy", func() bool { return len(readStream(t, conn, dlq)) == 1 })
 	time.Sleep(2 * tier)
 
 	if n := len(a.callsFor("m-3")); n != 1 {
@@ -181,7 +182,7 @@ func TestRabbitExhaustionDeadLetters(t *testing.T) {
 
 	publish(t, conn, q, publishing{MessageId: "m-4", Body: []byte("x")})
 	dlq := rabbitmq.DeadLetterQueue(q)
-	waitFor(t, 15*time.Second, "the DLQ copy", func() bool { return len(readStream(t, conn, dlq)) == 1 })
+	testkit.Eventually(t, 15*time.Second, "the DLQ copy", func() bool { return len(readStream(t, conn, dlq)) == 1 })
 	time.Sleep(2 * tier)
 
 	calls := a.callsFor("m-4")
@@ -210,7 +211,7 @@ func TestRabbitGoneIsAckedNotDeadLettered(t *testing.T) {
 	s := startSidecar(t, testConfig(a.url(), q, tier))
 
 	publish(t, conn, q, publishing{MessageId: "m-5", Body: []byte("x")})
-	waitFor(t, 10*time.Second, "the call", func() bool { return len(a.callsFor("m-5")) == 1 })
+	testkit.Eventually(t, 10*time.Second, "the call", func() bool { return len(a.callsFor("m-5")) == 1 })
 	waitSettled(t, s, 1)
 	s.stop(t)
 	if n := len(a.callsFor("m-5")); n != 1 {
@@ -238,7 +239,7 @@ func TestRabbitRetryAfterHonoured(t *testing.T) {
 	startSidecar(t, testConfig(a.url(), q, tier, 2*time.Second))
 
 	publish(t, conn, q, publishing{MessageId: "m-6", Body: []byte("x")})
-	waitFor(t, 10*time.Second, "two calls", func() bool { return len(a.callsFor("m-6")) == 2 })
+	testkit.Eventually(t, 10*time.Second, "two calls", func() bool { return len(a.callsFor("m-6")) == 2 })
 	calls := a.callsFor("m-6")
 	if gap := calls[1].At.Sub(calls[0].At); gap < time.Second {
 		t.Errorf("second call %v after a 429 with Retry-After: 1, want >= 1s", gap)
@@ -257,7 +258,7 @@ func TestRabbitDeadlineDeadLetters(t *testing.T) {
 
 	publish(t, conn, q, publishing{MessageId: "m-7", Body: []byte("x")})
 	dlq := rabbitmq.DeadLetterQueue(q)
-	waitFor(t, 15*time.Second, "the DLQ copy", func() bool { return len(readStream(t, conn, dlq)) == 1 })
+	testkit.Eventually(t, 15*time.Second, "the DLQ copy", func() bool { return len(readStream(t, conn, dlq)) == 1 })
 	d := readStream(t, conn, dlq)[0]
 	if d.Headers[broker.HeaderDeadReason] != "deadline" {
 		t.Errorf("reason = %v, want deadline", d.Headers[broker.HeaderDeadReason])
@@ -305,7 +306,7 @@ func TestRabbitForgedHeadersIgnored(t *testing.T) {
 		publishing{MessageId: "m-8b", Body: []byte("y"), Headers: forged},
 	)
 	dlq := rabbitmq.DeadLetterQueue(q)
-	waitFor(t, 10*time.Second, "both messages", func() bool {
+	testkit.Eventually(t, 10*time.Second, "both messages", func() bool {
 		return len(a.callsFor("m-8a")) == 1 && len(readStream(t, conn, dlq)) == 1
 	})
 	c := a.callsFor("m-8a")[0]
@@ -352,7 +353,7 @@ func TestRabbitAppDownBurnsNoAttempts(t *testing.T) {
 		msgs = append(msgs, publishing{MessageId: fmt.Sprintf("m-9-%d", i), Body: []byte("x")})
 	}
 	publish(t, conn, q, msgs...)
-	waitFor(t, 20*time.Second, "the sidecar to find nobody home", func() bool {
+	testkit.Eventually(t, 20*time.Second, "the sidecar to find nobody home", func() bool {
 		_, readyz := healthBodies(t, s.health)
 		return strings.Contains(readyz, "app unreachable")
 	})
@@ -367,7 +368,7 @@ func TestRabbitAppDownBurnsNoAttempts(t *testing.T) {
 		t.Fatalf("re-listen on %s: %v", addr, err)
 	}
 	a.serve(ln)
-	waitFor(t, 15*time.Second, "every message once the app is up", func() bool { return len(a.allCalls()) >= 5 })
+	testkit.Eventually(t, 15*time.Second, "every message once the app is up", func() bool { return len(a.allCalls()) >= 5 })
 	time.Sleep(2 * tier)
 	for i := range 5 {
 		calls := a.callsFor(fmt.Sprintf("m-9-%d", i))

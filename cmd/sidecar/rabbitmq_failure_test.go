@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/broker/brokertest"
 	"handoff.dev/handoff/internal/broker/rabbitmq"
 	"handoff.dev/handoff/internal/config"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // TestRabbitConnectionsClosedMidStream force-closes every connection of the
@@ -57,8 +59,8 @@ func TestRabbitConnectionsClosedMidStream(t *testing.T) {
 	conn.Close() // ours goes too at the first close; reopened after
 	var closedAt []int
 	for i, at := range stalls {
-		waitFor(t, 30*time.Second, fmt.Sprintf("call %d", at), func() bool { return calls.Load() >= at })
-		rabbitmqctl(t, "close_all_connections", "-p", cfg.Sources[0].RabbitMQ.URL[len(rabbitURL()):], "test: broker-side close")
+		testkit.Eventually(t, 30*time.Second, fmt.Sprintf("call %d", at), func() bool { return calls.Load() >= at })
+		rabbitmqctl(t, "close_all_connections", "-p", cfg.Sources[0].RabbitMQ.URL[len(brokertest.RabbitURL()):], "test: broker-side close")
 		closedAt = append(closedAt, len(a.allCalls()))
 		close(releases[i])
 	}
@@ -70,7 +72,7 @@ func TestRabbitConnectionsClosedMidStream(t *testing.T) {
 		}
 		return m
 	}
-	waitFor(t, 60*time.Second, "every message after the reconnect", func() bool { return len(seen()) == n })
+	testkit.Eventually(t, 60*time.Second, "every message after the reconnect", func() bool { return len(seen()) == n })
 	s.stop(t)
 
 	dups, unflagged := 0, 0
@@ -128,18 +130,18 @@ func TestRabbitDeadLetterQueueDeleted(t *testing.T) {
 	ch.Close()
 
 	publish(t, conn, q, publishing{MessageId: "m-dlq", Body: []byte("poison")})
-	waitFor(t, 10*time.Second, "the app call", func() bool { return len(a.callsFor("m-dlq")) == 1 })
+	testkit.Eventually(t, 10*time.Second, "the app call", func() bool { return len(a.callsFor("m-dlq")) == 1 })
 	time.Sleep(time.Second) // several transfer attempts fail meanwhile
 	if exists(conn, dlq) {
 		t.Fatal("the DLQ came back while the sidecar ran; the test proves nothing")
 	}
 	s.stop(t)
-	waitFor(t, 5*time.Second, "the message back in the source queue", func() bool { return depth(t, conn, q) == 1 })
+	testkit.Eventually(t, 5*time.Second, "the message back in the source queue", func() bool { return depth(t, conn, q) == 1 })
 
 	// A restart declares the topology again; the message reaches the DLQ,
 	// and the journal knows the app already answered: it is not called again.
 	startSidecar(t, cfg)
-	waitFor(t, 10*time.Second, "the DLQ copy", func() bool { return len(readStream(t, conn, dlq)) == 1 })
+	testkit.Eventually(t, 10*time.Second, "the DLQ copy", func() bool { return len(readStream(t, conn, dlq)) == 1 })
 	d := readStream(t, conn, dlq)[0]
 	if d.Headers[broker.HeaderEventID] != "m-dlq" || d.Headers[broker.HeaderDeadReason] != "permanent" {
 		t.Errorf("DLQ copy headers = %v", d.Headers)
@@ -158,7 +160,7 @@ func TestRabbitDeadLetterQueueDeleted(t *testing.T) {
 func TestReadyzFollowsRabbitMQ(t *testing.T) {
 	t.Parallel()
 	url := testVhost(t)
-	vhost := url[len(strings.TrimSuffix(rabbitURL(), "/"))+1:]
+	vhost := url[len(strings.TrimSuffix(brokertest.RabbitURL(), "/"))+1:]
 	conn := dialRabbitURL(t, url)
 	q := testQueue(t, conn, []time.Duration{tier})
 	conn.Close()
@@ -171,12 +173,12 @@ func TestReadyzFollowsRabbitMQ(t *testing.T) {
 	}
 	rabbitmqctl(t, "clear_permissions", "-p", vhost, "guest")
 	rabbitmqctl(t, "close_all_connections", "-p", vhost, "test: broker unreachable")
-	waitFor(t, 20*time.Second, "/readyz 503 while RabbitMQ refuses the sidecar", func() bool {
+	testkit.Eventually(t, 20*time.Second, "/readyz 503 while RabbitMQ refuses the sidecar", func() bool {
 		code, _ := readyz(t, s.health)
 		return code == http.StatusServiceUnavailable
 	})
 	rabbitmqctl(t, "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
-	waitFor(t, 30*time.Second, "/readyz 200 once RabbitMQ takes the sidecar back", func() bool {
+	testkit.Eventually(t, 30*time.Second, "/readyz 200 once RabbitMQ takes the sidecar back", func() bool {
 		code, _ := readyz(t, s.health)
 		return code == http.StatusOK
 	})

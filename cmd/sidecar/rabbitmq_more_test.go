@@ -11,6 +11,7 @@ import (
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/broker/rabbitmq"
 	"handoff.dev/handoff/internal/config"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // A timed-out call may have taken effect: the next attempt carries the same
@@ -30,7 +31,7 @@ func TestRabbitTimeoutRetriesAsRedelivered(t *testing.T) {
 	startSidecar(t, cfg)
 
 	publish(t, conn, q, publishing{MessageId: "m-to", Body: []byte("x")})
-	waitFor(t, 10*time.Second, "the second call", func() bool { return len(a.callsFor("m-to")) == 2 })
+	testkit.Eventually(t, 10*time.Second, "the second call", func() bool { return len(a.callsFor("m-to")) == 2 })
 	calls := a.callsFor("m-to")
 	if got := calls[0].Header.Get("Handoff-Redelivered"); got != "false" {
 		t.Errorf("first call Handoff-Redelivered = %q, want false", got)
@@ -63,7 +64,7 @@ func TestRabbitDeferDoesNotBurnAttempts(t *testing.T) {
 	startSidecar(t, cfg)
 
 	publish(t, conn, q, publishing{MessageId: "m-def", Body: []byte("x")})
-	waitFor(t, 15*time.Second, "four calls", func() bool { return len(a.callsFor("m-def")) == 4 })
+	testkit.Eventually(t, 15*time.Second, "four calls", func() bool { return len(a.callsFor("m-def")) == 4 })
 	time.Sleep(2 * tier)
 	if n := len(a.callsFor("m-def")); n != 4 {
 		t.Errorf("app called %d times, want 4 (defer, defer, 500, 200)", n)
@@ -87,7 +88,7 @@ func TestRabbitMalformedRetryCopyDeadLettered(t *testing.T) {
 		Headers: amqp.Table{broker.HeaderEventID: "m-bad", broker.HeaderAttempt: "two"},
 	})
 	dlq := rabbitmq.DeadLetterQueue(q)
-	waitFor(t, 10*time.Second, "the DLQ copy", func() bool { return len(readStream(t, conn, dlq)) == 1 })
+	testkit.Eventually(t, 10*time.Second, "the DLQ copy", func() bool { return len(readStream(t, conn, dlq)) == 1 })
 	d := readStream(t, conn, dlq)[0]
 	if d.Headers[broker.HeaderDeadReason] != "malformed" || string(d.Body) != "payload" {
 		t.Errorf("DLQ copy reason=%v body=%q, want malformed, payload", d.Headers[broker.HeaderDeadReason], d.Body)
@@ -120,7 +121,7 @@ func TestRabbitEarlyCopyWaitsUntilDue(t *testing.T) {
 		headers[k] = v
 	}
 	publish(t, conn, rabbitmq.RetryQueue(q), publishing{MessageId: "m-early", Body: []byte("x"), Headers: headers})
-	waitFor(t, 10*time.Second, "the call", func() bool { return len(a.callsFor("m-early")) == 1 })
+	testkit.Eventually(t, 10*time.Second, "the call", func() bool { return len(a.callsFor("m-early")) == 1 })
 	c := a.callsFor("m-early")[0]
 	if c.At.Before(due) {
 		t.Errorf("called %v before the copy was due", due.Sub(c.At))

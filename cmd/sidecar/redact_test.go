@@ -18,7 +18,9 @@ import (
 	"testing"
 	"time"
 
+	"handoff.dev/handoff/internal/broker/brokertest"
 	"handoff.dev/handoff/internal/broker/rabbitmq"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // TestNoSecretInAnyOutput runs the real binary with a password in every URL
@@ -71,7 +73,7 @@ func TestNoSecretInAnyOutput(t *testing.T) {
 		w.WriteHeader(http.StatusOK)
 	})
 	handlerURL := strings.Replace(a.url(), "http://", "http://app:"+handlerPass+"@", 1)
-	rabbitAt := strings.TrimPrefix(rabbitURL(), "amqp://guest:guest@")
+	rabbitAt := strings.TrimPrefix(brokertest.RabbitURL(), "amqp://guest:guest@")
 	config := func(rabbitPass string) string {
 		return writeFile(t, fmt.Sprintf(`handler: {url: %q, max_concurrency: 4}
 sources:
@@ -93,7 +95,7 @@ journal: {path: %q}
 
 	// The run: every message through, with the password in use.
 	run := startBinary(t, bin, good)
-	waitFor(t, 30*time.Second, "the messages handled or dead-lettered", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the messages handled or dead-lettered", func() bool {
 		mu.Lock()
 		n := len(handled)
 		mu.Unlock()
@@ -119,7 +121,7 @@ journal: {path: %q}
 	// A wrong RabbitMQ password: connection errors are logged and /readyz
 	// says why it is not ready.
 	refused := startBinary(t, bin, config(wrongPass))
-	waitFor(t, 30*time.Second, "two refused connection attempts logged", func() bool {
+	testkit.Eventually(t, 30*time.Second, "two refused connection attempts logged", func() bool {
 		return strings.Count(refused.log.String(), "rabbitmq refused the sidecar") >= 2
 	})
 	healthz, readyz = healthBodies(t, refused.health)
@@ -212,7 +214,7 @@ func startBinaryEnv(t *testing.T, bin, cfgPath string, env ...string) *runningBi
 			_ = r.cmd.Wait()
 		}
 	})
-	waitFor(t, 15*time.Second, "the health server", func() bool {
+	testkit.Eventually(t, 15*time.Second, "the health server", func() bool {
 		m := healthLine.FindStringSubmatch(r.log.String())
 		if m != nil {
 			r.health = m[1]

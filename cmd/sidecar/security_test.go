@@ -21,6 +21,7 @@ import (
 	"handoff.dev/handoff/internal/broker/kafka"
 	"handoff.dev/handoff/internal/broker/rabbitmq"
 	"handoff.dev/handoff/internal/config"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // secretFile writes a one-line secret, as a mounted Secret holds it.
@@ -59,7 +60,7 @@ func threeOutcomes(t *testing.T) *app {
 // the second time as attempt 2.
 func checkThreeOutcomes(t *testing.T, a *app) {
 	t.Helper()
-	waitFor(t, 60*time.Second, "ok-1 handled and flaky-1 retried", func() bool {
+	testkit.Eventually(t, 60*time.Second, "ok-1 handled and flaky-1 retried", func() bool {
 		return len(a.callsFor("ok-1")) == 1 && len(a.callsFor("flaky-1")) == 2
 	})
 	if got := a.callsFor("flaky-1")[1].Header.Get("Handoff-Attempt"); got != "2" {
@@ -85,7 +86,7 @@ func TestRabbitMQOverTLS(t *testing.T) {
 	startSidecar(t, cfg)
 	publish(t, conn, q, publishing{MessageId: "ok-1"}, publishing{MessageId: "flaky-1"}, publishing{MessageId: "bad-1"})
 	checkThreeOutcomes(t, a)
-	waitFor(t, 30*time.Second, "bad-1 in the dead-letter stream", func() bool {
+	testkit.Eventually(t, 30*time.Second, "bad-1 in the dead-letter stream", func() bool {
 		for _, d := range readStream(t, conn, rabbitmq.DeadLetterQueue(q)) {
 			if d.MessageId == "bad-1" {
 				return true
@@ -136,7 +137,7 @@ func runKafkaThreeOutcomes(t *testing.T, secure []string, tls *config.TLS, sasl 
 	produceKafka(t, plain, recs...)
 	checkThreeOutcomes(t, a)
 	dlq := kafka.DeadLetterTopic(topic, kafkaGroup(topic))
-	waitFor(t, 30*time.Second, "bad-1 in the dead-letter topic", func() bool {
+	testkit.Eventually(t, 30*time.Second, "bad-1 in the dead-letter topic", func() bool {
 		for _, r := range readTopic(t, plain, dlq) {
 			if string(r.Value) == "bad-1" {
 				return true
@@ -279,7 +280,7 @@ journal: {path: %q}
 `, a.url(), source, c.source, filepath.Join(t.TempDir(), "handoff.db")))
 			r := startBinary(t, bin, path)
 			var line string
-			waitFor(t, 30*time.Second, "an error naming the source and the refusal", func() bool {
+			testkit.Eventually(t, 30*time.Second, "an error naming the source and the refusal", func() bool {
 				for _, l := range strings.Split(r.log.String(), "\n") {
 					if strings.Contains(l, `"level":"ERROR"`) && strings.Contains(l, "refused the sidecar") &&
 						strings.Contains(l, c.want) && strings.Contains(l, `"source":"`+source+`"`) {
@@ -290,7 +291,7 @@ journal: {path: %q}
 				return false
 			})
 			t.Logf("%s", line)
-			waitFor(t, 15*time.Second, "/readyz to say refused", func() bool {
+			testkit.Eventually(t, 15*time.Second, "/readyz to say refused", func() bool {
 				_, readyz := healthBodies(t, r.health)
 				return strings.HasPrefix(readyz, "503") && strings.Contains(readyz, "refused")
 			})

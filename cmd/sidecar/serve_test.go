@@ -11,6 +11,7 @@ import (
 
 	"handoff.dev/handoff/internal/broker/rabbitmq"
 	"handoff.dev/handoff/internal/sidecar"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // readyz returns /readyz's status and body.
@@ -48,7 +49,7 @@ func TestStopSaysNotReadyFirst(t *testing.T) {
 	}
 	halted := make(chan error, 1)
 	go func() { halted <- s.halt() }()
-	waitFor(t, 5*time.Second, "/readyz to say not ready", func() bool {
+	testkit.Eventually(t, 5*time.Second, "/readyz to say not ready", func() bool {
 		code, body := readyz(t, s.health)
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "shutting down")
 	})
@@ -93,7 +94,7 @@ func TestAFailingPartStopsTheSidecar(t *testing.T) {
 		}
 	}})
 	publish(t, conn, q, publishing{MessageId: "before-1", Body: []byte("x")})
-	waitFor(t, 10*time.Second, "the message handled", func() bool { return len(a.callsFor("before-1")) == 1 })
+	testkit.Eventually(t, 10*time.Second, "the message handled", func() bool { return len(a.callsFor("before-1")) == 1 })
 	close(fail)
 	var err error
 	select {

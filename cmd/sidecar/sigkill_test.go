@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/broker/brokertest"
 	"handoff.dev/handoff/internal/broker/kafka"
 	"handoff.dev/handoff/internal/broker/rabbitmq"
 )
@@ -58,7 +59,7 @@ func TestSIGKILLMixedWorkloadRabbitMQ(t *testing.T) {
 	conn := dialRabbit(t)
 	q := testQueue(t, conn, []time.Duration{killTier})
 	runSIGKILLWorkload(t, killTarget{
-		source: fmt.Sprintf("rabbitmq: {url: %q, queue: %q, prefetch: 8}", rabbitURL(), q),
+		source: fmt.Sprintf("rabbitmq: {url: %q, queue: %q, prefetch: 8}", brokertest.RabbitURL(), q),
 		// A prefetch of 8 on the queue and 8 on its retry queue.
 		inFlight: 16,
 		publish: func(ids []string) {

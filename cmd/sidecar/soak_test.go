@@ -25,6 +25,7 @@ import (
 	"handoff.dev/handoff/internal/broker/brokertest"
 	"handoff.dev/handoff/internal/broker/kafka"
 	"handoff.dev/handoff/internal/broker/rabbitmq"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // TestSoak is `make soak`: steady load on both brokers at once for
@@ -269,7 +270,7 @@ journal: {path: %q, max_size: 8MiB}
 	wg.Wait()
 
 	total := len(ids)
-	waitFor(t, 5*time.Minute, "every message handled or dead-lettered", func() bool {
+	testkit.Eventually(t, 5*time.Minute, "every message handled or dead-lettered", func() bool {
 		mu.Lock()
 		handled := len(succeeded)
 		mu.Unlock()

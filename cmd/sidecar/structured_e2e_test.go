@@ -23,6 +23,7 @@ import (
 	"handoff.dev/handoff/internal/config"
 	"handoff.dev/handoff/internal/handler"
 	"handoff.dev/handoff/internal/journal"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // Messages in the CloudEvents structured content mode, through the real
@@ -242,7 +243,7 @@ func TestRabbitStructuredEvents(t *testing.T) {
 			}
 			publish(t, conn, q, msgs...)
 			dlq := rabbitmq.DeadLetterQueue(q)
-			waitFor(t, 30*time.Second, "the events handled and the failures dead-lettered", func() bool {
+			testkit.Eventually(t, 30*time.Second, "the events handled and the failures dead-lettered", func() bool {
 				return len(a.got("ok-json")) > 0 && len(a.got("ok-bin")) > 0 && len(readStream(t, conn, dlq)) == 3
 			})
 			s.stop(t)
@@ -284,7 +285,7 @@ func TestKafkaStructuredEvents(t *testing.T) {
 				}
 				produceKafka(t, brokers, recs...)
 				dlq := kafka.DeadLetterTopic(topic, kafkaGroup(topic))
-				waitFor(t, 60*time.Second, "the events handled and the failures dead-lettered", func() bool {
+				testkit.Eventually(t, 60*time.Second, "the events handled and the failures dead-lettered", func() bool {
 					return len(a.got("ok-json")) > 0 && len(a.got("ok-bin")) > 0 && len(readTopic(t, brokers, dlq)) == 3
 				})
 				s.stop(t)

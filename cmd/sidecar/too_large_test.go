@@ -18,6 +18,7 @@ import (
 	"handoff.dev/handoff/internal/broker/kafka"
 	"handoff.dev/handoff/internal/broker/rabbitmq"
 	"handoff.dev/handoff/internal/config"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // pattern is n bytes that compression and a truncation would both show.
@@ -54,10 +55,10 @@ func TestTooLargeRabbitMQ(t *testing.T) {
 		publishing{MessageId: "fits", ContentType: "application/octet-stream", Body: fits},
 		publishing{MessageId: "flaky", ContentType: "application/octet-stream", Body: flaky})
 	dlq := rabbitmq.DeadLetterQueue(q)
-	waitFor(t, 30*time.Second, "the dead letter and both handled", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the dead letter and both handled", func() bool {
 		return len(readStream(t, conn, dlq)) == 1 && len(a.callsFor("fits")) == 1 && len(a.callsFor("flaky")) == 2
 	})
-	waitFor(t, 10*time.Second, "the source settled", func() bool { return depth(t, conn, q) == 0 })
+	testkit.Eventually(t, 10*time.Second, "the source settled", func() bool { return depth(t, conn, q) == 0 })
 	if n := len(a.callsFor("big")); n != 0 {
 		t.Errorf("the app was handed the too-large message %d times", n)
 	}
@@ -127,7 +128,7 @@ func TestTooLargeKafka(t *testing.T) {
 		t.Fatal(err)
 	}
 	dlq := kafka.DeadLetterTopic(topic, kafkaGroup(topic))
-	waitFor(t, 60*time.Second, "the dead letter and both handled", func() bool {
+	testkit.Eventually(t, 60*time.Second, "the dead letter and both handled", func() bool {
 		return len(a.callsFor("fits")) == 1 && len(a.callsFor("flaky")) == 2 && len(readTopic(t, brokers, dlq)) == 1
 	})
 	if n := len(a.callsFor("big")); n != 0 {

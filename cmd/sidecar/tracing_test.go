@@ -13,6 +13,7 @@ import (
 
 	"handoff.dev/handoff/internal/config"
 	"handoff.dev/handoff/internal/sidecar"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // Every attempt of one message is a span of one trace: the message's own
@@ -48,7 +49,7 @@ func TestTraceAcrossRetryCopiesRabbitMQ(t *testing.T) {
 		publishing{MessageId: "bad-parent", Body: []byte("w"), Headers: amqp.Table{"traceparent": "00-not-a-trace-01"}},
 	)
 	ids := []string{"untraced", "traced", "zero-parent", "bad-parent"}
-	waitFor(t, 20*time.Second, "two attempts of each", func() bool {
+	testkit.Eventually(t, 20*time.Second, "two attempts of each", func() bool {
 		spans := attemptSpans(rec.Ended())
 		for _, id := range ids {
 			if len(a.callsFor(id)) != 2 || len(spans[id]) != 2 {
@@ -149,7 +150,7 @@ func testTraceInBatchEvents(t *testing.T, transport string) {
 			Headers: amqp.Table{"traceparent": "00-" + trace + "-00f067aa0ba902b7-01"}})
 	}
 	publish(t, conn, q, msgs...)
-	waitFor(t, 20*time.Second, "an ended attempt span for each message", func() bool {
+	testkit.Eventually(t, 20*time.Second, "an ended attempt span for each message", func() bool {
 		return len(a.allCalls()) == len(msgs) && len(attemptSpans(rec.Ended())) == len(msgs)
 	})
 	s.stop(t)

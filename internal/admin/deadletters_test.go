@@ -28,6 +28,7 @@ import (
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/deadletter"
 	"handoff.dev/handoff/internal/journal"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 var _ DeadLetters = (*admintest.DeadLetters)(nil)
@@ -95,15 +96,7 @@ func serveOptions(t *testing.T, o Options) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	testkit.Serve(t, s.Run)
 	return s.Addr()
 }
 

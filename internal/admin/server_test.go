@@ -1,12 +1,12 @@
 package admin
 
 import (
-	"context"
 	"net/http"
 	"sync"
 	"testing"
 
 	"handoff.dev/handoff/internal/journal"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // askedJournal records the event ids it is asked for.
@@ -33,15 +33,7 @@ func TestEventIDsInTheRESTPath(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	testkit.Serve(t, s.Run)
 	tests := []struct{ path, id string }{
 		{"kafka:orders/0/42", "kafka:orders/0/42"},
 		{"kafka:orders%2F0%2F42", "kafka:orders/0/42"},

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -114,11 +113,7 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 
 func TestCatchUpRabbitMQ(t *testing.T) {
 	brokertest.SkipShort(t, "RabbitMQ")
-	url := os.Getenv("HANDOFF_RABBITMQ_URL")
-	if url == "" {
-		url = "amqp://guest:guest@127.0.0.1:5672/"
-	}
-	conn, err := amqp.Dial(url)
+	conn, err := amqp.Dial(brokertest.RabbitURL())
 	if err != nil {
 		t.Fatalf("RabbitMQ is required (make brokers): %v", err)
 	}
@@ -138,7 +133,7 @@ func TestCatchUpRabbitMQ(t *testing.T) {
 			_, _ = ch.QueueDelete(name, false, false, false)
 		}
 	})
-	c := rabbitmq.NewClient(rabbitmq.Options{Name: "test", URL: url, Queue: q, Prefetch: 16, Declare: true,
+	c := rabbitmq.NewClient(rabbitmq.Options{Name: "test", URL: brokertest.RabbitURL(), Queue: q, Prefetch: 16, Declare: true,
 		DeadLetterRetention: time.Hour, Logger: quiet()})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

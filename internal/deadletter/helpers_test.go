@@ -15,6 +15,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // memLog is a Log (and LedgerLog) in memory, with retention done by hand.
@@ -178,17 +179,8 @@ func openIndex(t *testing.T, path string) *Index {
 
 func checkIndex(t *testing.T, path string) {
 	t.Helper()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Second})
-	if err != nil {
-		t.Errorf("check: %v", err)
-		return
-	}
-	defer db.Close()
-	err = db.View(func(tx *bolt.Tx) error {
+	testkit.BoltConsistent(t, path, func(tx *bolt.Tx) error {
 		var errs []error
-		for err := range tx.Check() {
-			errs = append(errs, err)
-		}
 		counts := map[string]uint64{}
 		open := map[string]bool{}
 		err := tx.Bucket(bucketLetters).ForEach(func(k, v []byte) error {
@@ -226,9 +218,6 @@ func checkIndex(t *testing.T, path string) {
 		}
 		return errors.Join(errs...)
 	})
-	if err != nil {
-		t.Errorf("index %s inconsistent: %v", path, err)
-	}
 }
 
 func bytesToU64(v []byte) uint64 {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // fakeApp is the source a replay republishes to, and the app behind it: a
@@ -123,30 +124,12 @@ func (f *replayFixture) approve(t *testing.T, m *Manager, ids []ID, repair *Repa
 	}
 }
 
-// eventually waits until cond holds, checking it as the ticker ticks; it
-// fails the test after 20 s. The index and the runner change state on
-// goroutines of their own: there is nothing to be told by, only a state to
-// read.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	deadline := time.After(20 * time.Second)
-	for !cond() {
-		select {
-		case <-tick.C:
-		case <-deadline:
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
-}
-
 // waitRun waits until the run ends and every copy it published has its
 // outcome, and returns it.
 func waitRun(t *testing.T, m *Manager, id string) Run {
 	t.Helper()
 	var run Run
-	eventually(t, "replay "+id+" to end", func() bool {
+	testkit.Eventually(t, 20*time.Second, "replay "+id+" to end", func() bool {
 		var err error
 		if run, err = m.Replay(id); err != nil {
 			t.Fatal(err)
@@ -338,7 +321,7 @@ func TestReplayIsTakenOverWhenItsRunnerStops(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "5 copies published", func() bool { return len(f.app.got()) >= 5 })
+	testkit.Eventually(t, 20*time.Second, "5 copies published", func() bool { return len(f.app.got()) >= 5 })
 	stopA()
 	f.app.mu.Lock()
 	f.app.before = nil
@@ -376,7 +359,7 @@ func TestReplayPausesUnderPressureAndCancels(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the run paused", func() bool {
+	testkit.Eventually(t, 20*time.Second, "the run paused", func() bool {
 		r, _ := m.Replay(run.ID)
 		return r.Paused && r.Detail == "app overloaded"
 	})
@@ -396,7 +379,7 @@ func TestReplayPausesUnderPressureAndCancels(t *testing.T) {
 	mu.Lock()
 	pressure = ""
 	mu.Unlock()
-	eventually(t, "5 copies published", func() bool { return len(f.app.got()) >= 5 })
+	testkit.Eventually(t, 20*time.Second, "5 copies published", func() bool { return len(f.app.got()) >= 5 })
 	if r, err := m.CancelReplay(context.Background(), run.ID, "bob", "enough"); err != nil || r.State != RunCancelled {
 		t.Fatalf("cancel: %+v, %v", r, err)
 	}
@@ -405,7 +388,7 @@ func TestReplayPausesUnderPressureAndCancels(t *testing.T) {
 	mu.Unlock()
 	run = waitRun(t, m, run.ID)
 	// The fifth copy's record may come after the cancel's.
-	eventually(t, "the fifth copy recorded", func() bool {
+	testkit.Eventually(t, 20*time.Second, "the fifth copy recorded", func() bool {
 		run, _ = m.Replay(run.ID)
 		return run.Progress.Published >= 5
 	})
@@ -482,14 +465,14 @@ func TestCatchUpFailureSaidOnce(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = m.Run(ctx) }()
 	defer func() { cancel(); <-done }()
-	eventually(t, "ten failed catch-ups", func() bool { return lines.count("DEBUG", "catching up failed again") >= 10 })
+	testkit.Eventually(t, 20*time.Second, "ten failed catch-ups", func() bool { return lines.count("DEBUG", "catching up failed again") >= 10 })
 	if n := lines.count("WARN", "catching up failed"); n != 1 {
 		t.Errorf("%d warnings for one failure that went on", n)
 	}
 	f.dlq.mu.Lock()
 	f.dlq.failing = nil
 	f.dlq.mu.Unlock()
-	eventually(t, "the catch-up back", func() bool { return lines.count("INFO", "catching up again") == 1 })
+	testkit.Eventually(t, 20*time.Second, "the catch-up back", func() bool { return lines.count("INFO", "catching up again") == 1 })
 }
 
 // A run's rate is the pace of its recent publishing, whatever it waited

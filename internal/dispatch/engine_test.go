@@ -17,6 +17,7 @@ import (
 	"handoff.dev/handoff/internal/budget"
 	"handoff.dev/handoff/internal/handler"
 	"handoff.dev/handoff/internal/journal"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // The engine's settle rules, against fakes: no broker, no app.
@@ -365,7 +366,7 @@ func TestNoCallBeforeTheHandOutIsDurable(t *testing.T) {
 	}()
 	// Taken, and holding a slot for its call: the walk is at the fence.
 	// A call that did not wait would come within the window after.
-	waitUntil(t, func() bool { return e.Status().InFlight > 0 })
+	testkit.Eventually(t, 30*time.Second, "the condition", func() bool { return e.Status().InFlight > 0 })
 	time.Sleep(100 * time.Millisecond)
 	r.app.mu.Lock()
 	calls := len(r.app.attempts)
@@ -374,7 +375,7 @@ func TestNoCallBeforeTheHandOutIsDurable(t *testing.T) {
 		t.Fatalf("%d calls before the hand-out was durable", calls+int(r.app.inFlight.Load()))
 	}
 	close(d.durable)
-	waitUntil(t, func() bool { return len(r.snapshot()) > 0 })
+	testkit.Eventually(t, 30*time.Second, "the condition", func() bool { return len(r.snapshot()) > 0 })
 	if got := kinds(r.snapshot()); len(got) != 1 || got[0] != "ack" {
 		t.Fatalf("events = %v, want the call made and acked once durable", got)
 	}

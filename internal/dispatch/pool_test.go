@@ -4,6 +4,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // A walk that waits never holds up the one admitted after it, however few
@@ -50,13 +52,13 @@ func TestPoolKeepsAtMostMaxIdleWorkers(t *testing.T) {
 	}
 	started.Wait()
 	close(release)
-	waitUntil(t, func() bool { return p.idle.Load() == maxIdle })
+	testkit.Eventually(t, 30*time.Second, "the condition", func() bool { return p.idle.Load() == maxIdle })
 	// A parked worker takes the next walk and parks again.
 	ran := make(chan struct{})
 	p.run = func(*walk) { close(ran) }
 	p.start(walk{id: n})
 	<-ran
-	waitUntil(t, func() bool { return p.idle.Load() == maxIdle })
+	testkit.Eventually(t, 30*time.Second, "the condition", func() bool { return p.idle.Load() == maxIdle })
 	done := make(chan struct{})
 	go func() { p.close(true); close(done) }()
 	select {
@@ -84,7 +86,7 @@ func TestPoolTrimRetiresWorkersNotNeeded(t *testing.T) {
 	}
 	started.Wait()
 	close(release)
-	waitUntil(t, func() bool { return p.idle.Load() == 3 })
+	testkit.Eventually(t, 30*time.Second, "the condition", func() bool { return p.idle.Load() == 3 })
 
 	p.trim() // the first period began with none parked: none retires
 	if n := p.workers.Load(); n != 3 {
@@ -94,9 +96,9 @@ func TestPoolTrimRetiresWorkersNotNeeded(t *testing.T) {
 	p.run = func(*walk) { ran <- struct{}{} }
 	p.start(walk{id: 3}) // one worker is needed in this period
 	<-ran
-	waitUntil(t, func() bool { return p.idle.Load() == 3 })
+	testkit.Eventually(t, 30*time.Second, "the condition", func() bool { return p.idle.Load() == 3 })
 	p.trim()
-	waitUntil(t, func() bool { return p.workers.Load() == 1 })
+	testkit.Eventually(t, 30*time.Second, "the condition", func() bool { return p.workers.Load() == 1 })
 	p.trim()
-	waitUntil(t, func() bool { return p.workers.Load() == 0 })
+	testkit.Eventually(t, 30*time.Second, "the condition", func() bool { return p.workers.Load() == 0 })
 }

@@ -12,6 +12,7 @@ import (
 	"handoff.dev/handoff/internal/budget"
 	"handoff.dev/handoff/internal/handler"
 	"handoff.dev/handoff/internal/journal"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // scriptApp answers every call with whatever answer holds now.
@@ -105,10 +106,10 @@ func TestRetryAfterHoldsEveryCall(t *testing.T) {
 	e.o.Routes[0].Sources = []Source{src}
 	go func() { done <- e.Run(ctx) }()
 	src.ch <- first
-	waitUntil(t, func() bool { return app.count() == 1 })
+	testkit.Eventually(t, 30*time.Second, "the condition", func() bool { return app.count() == 1 })
 	app.answer.Store(handler.Result{Outcome: budget.Success})
 	src.ch <- second
-	waitUntil(t, func() bool { return app.count() == 2 })
+	testkit.Eventually(t, 30*time.Second, "the condition", func() bool { return app.count() == 2 })
 	cancel()
 	<-done
 	app.mu.Lock()
@@ -130,17 +131,6 @@ func (s *chanSource) Consume(ctx context.Context, deliver func(broker.Delivery))
 		case <-ctx.Done():
 			return nil
 		}
-	}
-}
-
-func waitUntil(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met in 30s")
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -225,7 +215,7 @@ func TestFreshIntakePausesWhenBudgetSpentAndFailing(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
 	defer func() { cancel(); <-done }()
-	waitUntil(t, e.intakes.Paused)
+	testkit.Eventually(t, 30*time.Second, "the condition", e.intakes.Paused)
 	// Then a bounded look at what the pause lets through: the threshold,
 	// plus calls already holding or about to take a slot while the pause
 	// was decided; far fewer than the 100 waiting. (The first probe comes
@@ -238,7 +228,7 @@ func TestFreshIntakePausesWhenBudgetSpentAndFailing(t *testing.T) {
 	}
 	// The app recovers: the next probe succeeds and intake resumes.
 	app.answer.Store(handler.Result{Outcome: budget.Success})
-	waitUntil(t, func() bool { return app.count() >= 100 })
+	testkit.Eventually(t, 30*time.Second, "the condition", func() bool { return app.count() >= 100 })
 	if e.intakes.Paused() {
 		t.Error("intake still paused after a success")
 	}
@@ -258,7 +248,7 @@ func TestQueuedWalksHandedBackTakeNoSlot(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
-	waitUntil(t, func() bool { return app.count() == 1 && e.limiter.Queued() == 2 })
+	testkit.Eventually(t, 30*time.Second, "the condition", func() bool { return app.count() == 1 && e.limiter.Queued() == 2 })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -314,17 +304,17 @@ func TestSlotGivenBackWhenAPauseBegins(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	// The first is in its call and the second queued behind it; the first
 	// answers 429, and its slot goes to the second as the pause begins.
-	waitUntil(t, func() bool { return app.count() == 1 && e.limiter.Queued() == 1 })
-	waitUntil(t, func() bool { return e.overloadUntil.Load() != 0 })
+	testkit.Eventually(t, 30*time.Second, "the condition", func() bool { return app.count() == 1 && e.limiter.Queued() == 1 })
+	testkit.Eventually(t, 30*time.Second, "the condition", func() bool { return e.overloadUntil.Load() != 0 })
 	app.answer.Store(handler.Result{Outcome: budget.Success})
 	// The second walk gives its slot back and nothing queues: it waits out
 	// the pause holding no slot.
-	waitUntil(t, func() bool { return e.limiter.InFlight() == 0 && e.limiter.Queued() == 0 })
+	testkit.Eventually(t, 30*time.Second, "the condition", func() bool { return e.limiter.InFlight() == 0 && e.limiter.Queued() == 0 })
 	if q := app.count(); q != 1 {
 		t.Fatalf("during the pause: %d calls; want only the first call", q)
 	}
 	clock.Advance(time.Second) // past the pause
-	waitUntil(t, func() bool { return app.count() >= 2 })
+	testkit.Eventually(t, 30*time.Second, "the condition", func() bool { return app.count() >= 2 })
 }
 
 // A walk whose deadline passes while it waits for a call slot is
@@ -346,10 +336,10 @@ func TestDeadlinePassedInTheQueue(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
 	defer func() { cancel(); <-done }()
-	waitUntil(t, func() bool { return e.limiter.Queued() == 1 })
+	testkit.Eventually(t, 30*time.Second, "the condition", func() bool { return e.limiter.Queued() == 1 })
 	clock.Advance(150 * time.Millisecond) // past the walk's deadline
 	e.limiter.Release(0)
-	waitUntil(t, func() bool {
+	testkit.Eventually(t, 30*time.Second, "the condition", func() bool {
 		for _, ev := range r.snapshot() {
 			if ev.kind == "ack" {
 				return true

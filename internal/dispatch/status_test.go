@@ -10,6 +10,7 @@ import (
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/budget"
 	"handoff.dev/handoff/internal/handler"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // heldApp answers every call once release is closed.
@@ -67,7 +68,7 @@ func TestStatus(t *testing.T) {
 		t.Errorf("budget: %+v, retries held %v", st.Budget, st.Routes[0].RetriesHeld)
 	}
 	close(app.release)
-	waitUntil(t, func() bool {
+	testkit.Eventually(t, 30*time.Second, "the condition", func() bool {
 		st := e.Status()
 		return st.InFlight == 0 && st.Routes[0].InFlight == 0 && st.Routes[0].Oldest.IsZero()
 	})

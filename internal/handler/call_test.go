@@ -14,6 +14,7 @@ import (
 
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/budget"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // countingApp is an app that counts the connections it accepted and those
@@ -115,8 +116,8 @@ func TestDeliverPassesOverAConnectionTheAppClosedWhileIdle(t *testing.T) {
 		answered := time.Now()
 		// The app closes the connection once it has been idle a while, and
 		// the connection gets old enough to be looked at before its use.
-		waitFor(t, "the app closing the idle connection", func() bool { return closed.Load() == int64(i+1) })
-		waitFor(t, "the connection's idle age", func() bool { return time.Since(answered) > staleAfter })
+		testkit.Eventually(t, 5*time.Second, "the app closing the idle connection", func() bool { return closed.Load() == int64(i+1) })
+		testkit.Eventually(t, 5*time.Second, "the connection's idle age", func() bool { return time.Since(answered) > staleAfter })
 	}
 	if got := requests.Load(); got != 3 {
 		t.Errorf("the app saw %d requests, want 3", got)
@@ -152,18 +153,6 @@ func TestDeliverOverTLS(t *testing.T) {
 		if res := h.Deliver(context.Background(), request(&broker.Message{Body: []byte("x")})); res.Outcome != budget.Success {
 			t.Fatalf("call %d with the test CA trusted: %+v", i, res)
 		}
-	}
-}
-
-// waitFor polls cond until it holds, or fails the test after 5s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
 	}
 }
 

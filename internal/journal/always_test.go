@@ -4,6 +4,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // With SyncAlways every Append is its own transaction, but the records
@@ -26,7 +29,7 @@ func TestAlwaysCarriesAsyncRecordsWithTheNextAppend(t *testing.T) {
 		defer close(done)
 		appendOK(t, j, Key{Source: "first"}, Record{Kind: Received})
 	}()
-	waitFor(t, func() bool { return txs.Load() == 1 })
+	testkit.Eventually(t, 10*time.Second, "the condition", func() bool { return txs.Load() == 1 })
 	for i := range 50 {
 		j.AppendAsync(Key{Source: "async", EventID: string(rune('a' + i))}, Record{Kind: Received})
 	}
@@ -35,7 +38,7 @@ func TestAlwaysCarriesAsyncRecordsWithTheNextAppend(t *testing.T) {
 		defer close(waited)
 		appendOK(t, j, Key{Source: "waited"}, Record{Kind: Received})
 	}()
-	waitFor(t, func() bool { return len(j.reqs) == 51 })
+	testkit.Eventually(t, 10*time.Second, "the condition", func() bool { return len(j.reqs) == 51 })
 	once.Do(func() { close(release) })
 	<-done
 	<-waited

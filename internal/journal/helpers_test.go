@@ -2,7 +2,6 @@ package journal
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"path/filepath"
 	"reflect"
@@ -11,6 +10,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // t0 is the start of every fake clock: far from the epoch so that negative
@@ -59,29 +60,8 @@ func testOptions(o Options) Options {
 func newPath(t testing.TB) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "journal.db")
-	t.Cleanup(func() { checkConsistent(t, path) })
+	t.Cleanup(func() { testkit.BoltConsistent(t, path, nil) })
 	return path
-}
-
-// checkConsistent opens path read-only and runs bbolt's full check over it.
-func checkConsistent(t testing.TB, path string) {
-	t.Helper()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Second})
-	if err != nil {
-		t.Errorf("consistency check: open %s: %v", path, err)
-		return
-	}
-	defer db.Close()
-	err = db.View(func(tx *bolt.Tx) error {
-		var errs []error
-		for err := range tx.Check() { // drain it all: the checker goroutine must end
-			errs = append(errs, err)
-		}
-		return errors.Join(errs...)
-	})
-	if err != nil {
-		t.Errorf("consistency check of %s: %v", path, err)
-	}
 }
 
 // openJournal opens path and closes the journal when the test ends.

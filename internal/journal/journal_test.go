@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"handoff.dev/handoff/internal/testkit"
 )
 
 func TestParseSyncMode(t *testing.T) {
@@ -183,7 +185,7 @@ func TestCloseWhileAppending(t *testing.T) {
 	}
 	// Close while every goroutine is appending: each has had one Append
 	// through, so the close cuts into a stream, not into nothing.
-	waitFor(t, func() bool {
+	testkit.Eventually(t, 10*time.Second, "the condition", func() bool {
 		for g := range goroutines {
 			if ok[g].Load() == 0 {
 				return false
@@ -315,13 +317,13 @@ func TestGroupCommitMaxBatch(t *testing.T) {
 	const queued = 30  // fits the queue (4×MaxBatch requests)
 	var wg sync.WaitGroup
 	wg.Go(func() { appendOK(t, j, Key{Source: "first"}, Record{Kind: Received}) })
-	waitFor(t, func() bool { return !first.Load() })
+	testkit.Eventually(t, 10*time.Second, "the condition", func() bool { return !first.Load() })
 	for g := range queued {
 		wg.Go(func() {
 			appendOK(t, j, Key{Source: "m", EventID: fmt.Sprint(g)}, Record{Kind: Received}, Record{Kind: Attempt, Attempt: 1})
 		})
 	}
-	waitFor(t, func() bool { return len(j.reqs) == queued })
+	testkit.Eventually(t, 10*time.Second, "the condition", func() bool { return len(j.reqs) == queued })
 	unblock()
 	wg.Wait()
 	if n := over.Load(); n != 0 {
@@ -334,18 +336,6 @@ func TestGroupCommitMaxBatch(t *testing.T) {
 	appendOK(t, j, Key{Source: "big"}, big...)
 	if got := len(timeline(t, j, Key{Source: "big"})); got != len(big) {
 		t.Errorf("big Append: %d records, want %d", got, len(big))
-	}
-}
-
-// waitFor polls cond for up to ten seconds.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met in 10s")
-		}
-		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -381,7 +371,7 @@ func TestCommitFailure(t *testing.T) {
 	appendOK(t, j, before, storyHandled(at(0))...)
 	var wg sync.WaitGroup
 	wg.Go(func() { appendOK(t, j, blocker, storyReceived(at(0))...) })
-	waitFor(t, func() bool { return tx.Load() >= 2 })
+	testkit.Eventually(t, 10*time.Second, "the condition", func() bool { return tx.Load() >= 2 })
 	errs := make([]error, inBatch)
 	for i := range inBatch {
 		wg.Go(func() {
@@ -451,7 +441,7 @@ func TestCommitFailureQueuedBehind(t *testing.T) {
 	j, _ = openJournal(t, path, Options{BeforeCommit: hook})
 	k := Key{Source: "s", EventID: "e"}
 	j.AppendAsync(k, Record{Kind: Received}) // fails in the first transaction
-	waitFor(t, func() bool { return tx.Load() >= 1 })
+	testkit.Eventually(t, 10*time.Second, "the condition", func() bool { return tx.Load() >= 1 })
 	err := j.Append(context.Background(), k, Record{Kind: Attempt, Attempt: 1}) // queued behind it
 	if err == nil {
 		t.Errorf("Append queued behind a failed commit succeeded, want an error wrapping %v", errBoom)

@@ -1,13 +1,14 @@
 package telemetry
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
+
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // /readyz shows why a part is not ready, but not a password quoted in the
@@ -19,15 +20,7 @@ func TestReadyzHidesPasswords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	testkit.Serve(t, s.Run)
 	resp, err := http.Get("http://" + s.Addr() + "/readyz")
 	if err != nil {
 		t.Fatal(err)

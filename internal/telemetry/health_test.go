@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+
+	"handoff.dev/handoff/internal/testkit"
 )
 
 func TestHealthEndpoints(t *testing.T) {
@@ -68,15 +70,7 @@ func serveHealth(t *testing.T, checks []Check, setup func(*Server)) func(path st
 	if setup != nil {
 		setup(s)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	testkit.Serve(t, s.Run)
 	return func(path string) (int, string) {
 		t.Helper()
 		resp, err := http.Get("http://" + s.Addr() + path)
@@ -170,15 +164,7 @@ func TestDrainNeedsToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.HandleDrain(token, func(context.Context) error { drains.Add(1); return nil })
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	testkit.Serve(t, s.Run)
 	drain := func(auth string) int {
 		t.Helper()
 		req, err := http.NewRequest(http.MethodGet, "http://"+s.Addr()+"/drain", nil)

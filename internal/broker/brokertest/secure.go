@@ -54,6 +54,15 @@ func KafkaSASLBrokers() []string { return envList("HANDOFF_KAFKA_SASL_BROKERS", 
 // KafkaPlainUser is the PLAIN user scripts/kafka-local configures.
 const KafkaPlainUser, KafkaPlainPassword = "handoff", "handoff-plain-secret"
 
+// RabbitURL is the local RabbitMQ's plain listener: HANDOFF_RABBITMQ_URL,
+// else the one scripts/rabbitmq-local opens.
+func RabbitURL() string {
+	if u := os.Getenv("HANDOFF_RABBITMQ_URL"); u != "" {
+		return u
+	}
+	return "amqp://guest:guest@127.0.0.1:5672/"
+}
+
 // RabbitTLSURL is the local RabbitMQ's TLS listener, which requires a client
 // certificate: HANDOFF_RABBITMQ_TLS_URL, else the one scripts/rabbitmq-local
 // opens. It holds no credentials.

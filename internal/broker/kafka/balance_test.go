@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"handoff.dev/handoff/internal/broker/brokertest"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 func TestBalanceTopicSharesEachTopic(t *testing.T) {
@@ -244,7 +245,7 @@ func testMembersShare(t *testing.T, addrs []string, topic, group string, tiers [
 				t.Logf("%s: last seen %s", what, seen)
 			}
 		}()
-		waitUntil(t, 60*time.Second, what+": every topic shared for 300ms", func() bool {
+		testkit.Eventually(t, 60*time.Second, what+": every topic shared for 300ms", func() bool {
 			var ok bool
 			if ok, seen = shared(); ok {
 				held++
@@ -300,7 +301,7 @@ func TestGroupFormsWithAnOlderMember(t *testing.T) {
 		}
 		return ps
 	}
-	waitUntil(t, 60*time.Second, "both members consuming, every partition once", func() bool {
+	testkit.Eventually(t, 60*time.Second, "both members consuming, every partition once", func() bool {
 		a, b := held(older), held(newer)
 		all := slices.Sorted(slices.Values(append(slices.Clone(a), b...)))
 		return len(a) > 0 && len(b) > 0 && slices.Equal(all, []int32{0, 1, 2, 3, 4, 5})
@@ -337,7 +338,7 @@ func TestRestartedLeaderReplacesAStalePlan(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := startConsuming(before, nil)
-	waitUntil(t, 30*time.Second, "the first run's assignment", func() bool { return held(before)[topic] == 3 })
+	testkit.Eventually(t, 30*time.Second, "the first run's assignment", func() bool { return held(before)[topic] == 3 })
 	r.stop()
 	before.crash() // a static member: the group keeps its place and plan
 	createTopic(t, addrs, rt, 3)
@@ -348,7 +349,7 @@ func TestRestartedLeaderReplacesAStalePlan(t *testing.T) {
 	}
 	r = startConsuming(after, nil)
 	t.Cleanup(func() { r.stop(); _ = after.Close() })
-	waitUntil(t, 30*time.Second, "the restarted leader holding the retry topic's partitions", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the restarted leader holding the retry topic's partitions", func() bool {
 		n := held(after)
 		return n[topic] == 3 && n[rt] == 3
 	})

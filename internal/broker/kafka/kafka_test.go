@@ -17,6 +17,7 @@ import (
 
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/broker/brokertest"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // These tests run the adapter against kfake, franz-go's in-process Kafka
@@ -399,17 +400,17 @@ func TestHoldRetriesStopsOnlyTheRetryTopics(t *testing.T) {
 		defer mu.Unlock()
 		return append([]string(nil), got...)
 	}
-	waitUntil(t, 30*time.Second, "the fresh record", func() bool { return len(seen()) > 0 })
+	testkit.Eventually(t, 30*time.Second, "the fresh record", func() bool { return len(seen()) > 0 })
 	// A second fresh record, produced once the first came, comes in a later
 	// fetch; the retry record, there before either, would have come by
 	// then had it not been held.
 	produce(t, addrs, &kgo.Record{Topic: "orders", Value: []byte("fresh-2")})
-	waitUntil(t, 30*time.Second, "the second fresh record", func() bool { return len(seen()) >= 2 })
+	testkit.Eventually(t, 30*time.Second, "the second fresh record", func() bool { return len(seen()) >= 2 })
 	if s := seen(); len(s) != 2 || s[0] != "fresh" || s[1] != "fresh-2" {
 		t.Fatalf("with retries held got %q, want only the fresh records", s)
 	}
 	c.HoldRetries(false)
-	waitUntil(t, 30*time.Second, "the retry record after the hold", func() bool { return len(seen()) >= 3 })
+	testkit.Eventually(t, 30*time.Second, "the retry record after the hold", func() bool { return len(seen()) >= 3 })
 	if s := seen(); len(s) != 3 || s[2] != "retry" {
 		t.Fatalf("after releasing the hold got %q, want the retry record too", s)
 	}
@@ -429,7 +430,7 @@ func TestRevokedPauseDoesNotOutliveTheAssignment(t *testing.T) {
 		t.Fatal("partition not paused")
 	}
 	close(st.lost)
-	waitUntil(t, 30*time.Second, "the revoked partition resumed", func() bool { return !paused() })
+	testkit.Eventually(t, 30*time.Second, "the revoked partition resumed", func() bool { return !paused() })
 }
 
 // TestTakesOnlyWhatItCanHandOut: records beyond MaxInFlight stay buffered in

@@ -8,6 +8,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // The lag of each retry topic counts the copies written to it that the group
@@ -20,7 +21,7 @@ func TestRetryLag(t *testing.T) {
 	// The client's view of topics just created (by Declare) takes a while
 	// to catch up.
 	var lags []TierLag
-	waitUntil(t, 15*time.Second, "the retry topics' lag", func() bool {
+	testkit.Eventually(t, 15*time.Second, "the retry topics' lag", func() bool {
 		var err error
 		lags, err = c.RetryLag(ctx)
 		return err == nil

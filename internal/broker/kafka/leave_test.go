@@ -7,6 +7,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"handoff.dev/handoff/internal/broker/brokertest"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // A static member that stops cleanly leaves the group: its partitions move
@@ -38,20 +39,20 @@ func testCloseLeaves(t *testing.T, addrs []string, topic, group string) {
 	}
 	a := newClientWith(t, o("member-a"))
 	aRun := startConsuming(a, nil)
-	waitUntil(t, 20*time.Second, "the first member to own every partition", func() bool { return owned(a) == 4 })
+	testkit.Eventually(t, 20*time.Second, "the first member to own every partition", func() bool { return owned(a) == 4 })
 	b := newClientWith(t, o("member-b"))
 	bRun := startConsuming(b, nil)
 	defer func() {
 		bRun.stop()
 		_ = b.Close()
 	}()
-	waitUntil(t, 20*time.Second, "the partitions shared by both members", func() bool { return owned(a) > 0 && owned(b) > 0 && owned(a)+owned(b) == 4 })
+	testkit.Eventually(t, 20*time.Second, "the partitions shared by both members", func() bool { return owned(a) > 0 && owned(b) > 0 && owned(a)+owned(b) == 4 })
 
 	aRun.stop()
 	stopped := time.Now()
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 20*time.Second, "the member left to own every partition", func() bool { return owned(b) == 4 })
+	testkit.Eventually(t, 20*time.Second, "the member left to own every partition", func() bool { return owned(b) == 4 })
 	t.Logf("the stopped member's partitions moved %v after its Close began", time.Since(stopped).Round(10*time.Millisecond))
 }

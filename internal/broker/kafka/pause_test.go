@@ -12,6 +12,7 @@ import (
 
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/broker/brokertest"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // retryCopy is a record of a retry topic due at due.
@@ -41,7 +42,7 @@ func TestPauseDoesNotCommitPastRecordsInFlight(t *testing.T) {
 		retryCopy(rt, "later", now.Add(time.Hour)))
 	c := newClient(t, addrs, "orders", time.Second)
 	run := startConsuming(c, nil)
-	waitUntil(t, 10*time.Second, "the retry partition paused at the record not due", func() bool { return paused(c, rt) })
+	testkit.Eventually(t, 10*time.Second, "the retry partition paused at the record not due", func() bool { return paused(c, rt) })
 	run.stop()
 	ds := run.got()
 	if len(ds) != 2 {
@@ -88,7 +89,7 @@ func testStaticRestartWhilePaused(t *testing.T, addrs []string, topic, group str
 	// Joining the group comes first, and is slow on a loaded machine: the
 	// copies are made once the retry partitions are this member's, so the
 	// ones due in a moment are not yet due when they are fetched.
-	waitUntil(t, 30*time.Second, "the retry partitions assigned", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the retry partitions assigned", func() bool {
 		first.mu.Lock()
 		defer first.mu.Unlock()
 		for tp := range first.parts {
@@ -108,7 +109,7 @@ func testStaticRestartWhilePaused(t *testing.T, addrs []string, topic, group str
 		recs = append(recs, retryCopy(rt, fmt.Sprintf("copy-%02d", i), due))
 	}
 	produce(t, addrs, recs...)
-	waitUntil(t, 30*time.Second, "a retry partition paused", func() bool { return paused(first, rt) })
+	testkit.Eventually(t, 30*time.Second, "a retry partition paused", func() bool { return paused(first, rt) })
 	firstRun.stop()
 	settled := map[string]bool{}
 	for i, d := range firstRun.got() {
@@ -141,7 +142,7 @@ func testStaticRestartWhilePaused(t *testing.T, addrs []string, topic, group str
 		}
 		return out
 	}
-	waitUntil(t, 20*time.Second, "every unsettled copy handed out after the restart", func() bool { return len(missing()) == 0 })
+	testkit.Eventually(t, 20*time.Second, "every unsettled copy handed out after the restart", func() bool { return len(missing()) == 0 })
 	t.Logf("restarted member handed out every unsettled copy %v after it started", time.Since(restarted).Round(10*time.Millisecond))
 }
 
@@ -213,16 +214,5 @@ func createTopic(t *testing.T, addrs []string, topic string, partitions int32) {
 	}
 	if err != nil {
 		t.Fatalf("create %s: %v", topic, err)
-	}
-}
-
-func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/broker/brokertest"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // What the dead-letter manager republishes through (deadletter.Republisher).
@@ -90,7 +91,7 @@ func TestRepublishToTheSourceTopic(t *testing.T) {
 			}
 			// A transaction's offsets become readable once its markers are
 			// written, which the coordinator does after it answered.
-			waitUntil(t, 10*time.Second, "the republished record's offset committed", func() bool {
+			testkit.Eventually(t, 10*time.Second, "the republished record's offset committed", func() bool {
 				return committedOf(t, brokers, o.Group, topic) == 1
 			})
 		})

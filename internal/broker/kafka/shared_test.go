@@ -12,6 +12,7 @@ import (
 
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/broker/brokertest"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // awaitFences waits until every delivery's hand-out is durable, as the
@@ -106,7 +107,7 @@ func testSharedMark(t *testing.T, addrs []string, topic, group string) {
 	var stale kadm.Offsets
 	stale.Add(kadm.Offset{Topic: topic, Partition: 0, At: 100, LeaderEpoch: -1, Metadata: "00112233445566778899aabbccddeeff"})
 	// Refused until the client's metadata knows the new topic.
-	waitUntil(t, 10*time.Second, "a stale shared mark committed", func() bool {
+	testkit.Eventually(t, 10*time.Second, "a stale shared mark committed", func() bool {
 		rs, err := adm.CommitOffsets(context.Background(), MarksGroup(group), stale)
 		return err == nil && rs.Error() == nil
 	})
@@ -137,7 +138,7 @@ func adminClient(t *testing.T, addrs []string) *kgo.Client {
 
 func waitTopicGone(t *testing.T, adm *kadm.Client, topic string) {
 	t.Helper()
-	waitUntil(t, 10*time.Second, "topic "+topic+" gone after its deletion", func() bool {
+	testkit.Eventually(t, 10*time.Second, "topic "+topic+" gone after its deletion", func() bool {
 		td, err := adm.ListTopics(context.Background(), topic)
 		return err == nil && !td.Has(topic)
 	})

@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/broker/brokertest"
 )
 
 // Coalesced acks settle many deliveries per frame, yet never cover a
@@ -29,7 +30,7 @@ func TestAckerCoalescesButNeverCoversAnOpenDelivery(t *testing.T) {
 		}
 	}
 
-	c := NewClient(Options{Name: "acker", URL: rabbitURL(), Queue: q, Prefetch: n + 10, Declare: true,
+	c := NewClient(Options{Name: "acker", URL: brokertest.RabbitURL(), Queue: q, Prefetch: n + 10, Declare: true,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan struct{})

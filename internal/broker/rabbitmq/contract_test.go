@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"io"
 	"log/slog"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -24,21 +23,14 @@ func TestContract(t *testing.T) {
 
 const contractTier = 500 * time.Millisecond
 
-func rabbitURL() string {
-	if u := os.Getenv("HANDOFF_RABBITMQ_URL"); u != "" {
-		return u
-	}
-	return "amqp://guest:guest@127.0.0.1:5672/"
-}
-
 // channel opens a connection and channel for the test's own use; a missing
 // broker fails the test (make brokers starts it), and -short skips it.
 func channel(t *testing.T) *amqp.Channel {
 	t.Helper()
 	brokertest.SkipShort(t, "RabbitMQ")
-	conn, err := amqp.Dial(rabbitURL())
+	conn, err := amqp.Dial(brokertest.RabbitURL())
 	if err != nil {
-		t.Fatalf("RabbitMQ at %s is required (scripts/rabbitmq-local start): %v", rabbitURL(), err)
+		t.Fatalf("RabbitMQ at %s is required (scripts/rabbitmq-local start): %v", brokertest.RabbitURL(), err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	ch, err := conn.Channel()
@@ -92,7 +84,7 @@ func rabbitFixture(t *testing.T) brokertest.Fixture {
 	return brokertest.Fixture{
 		Tier: contractTier,
 		Open: func(t *testing.T) (brokertest.Consumer, brokertest.Transferer, func()) {
-			c := NewClient(Options{Name: "contract", URL: rabbitURL(), Queue: q, Prefetch: 16,
+			c := NewClient(Options{Name: "contract", URL: brokertest.RabbitURL(), Queue: q, Prefetch: 16,
 				Tiers: []time.Duration{contractTier}, Declare: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan struct{})
@@ -132,9 +124,9 @@ func rabbitFixture(t *testing.T) brokertest.Fixture {
 func readStream(t *testing.T, stream string) []amqp.Delivery {
 	t.Helper()
 	brokertest.SkipShort(t, "RabbitMQ")
-	conn, err := amqp.Dial(rabbitURL())
+	conn, err := amqp.Dial(brokertest.RabbitURL())
 	if err != nil {
-		t.Fatalf("RabbitMQ at %s is required (scripts/rabbitmq-local start): %v", rabbitURL(), err)
+		t.Fatalf("RabbitMQ at %s is required (scripts/rabbitmq-local start): %v", brokertest.RabbitURL(), err)
 	}
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -13,12 +13,13 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/broker/brokertest"
 )
 
 // connected runs a client on q until the test ends.
 func connected(t *testing.T, q string) *Client {
 	t.Helper()
-	c := NewClient(Options{Name: "test", URL: rabbitURL(), Queue: q, Prefetch: 16, Declare: true,
+	c := NewClient(Options{Name: "test", URL: brokertest.RabbitURL(), Queue: q, Prefetch: 16, Declare: true,
 		DeadLetterRetention: time.Hour, Logger: quietLogger()})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

@@ -16,6 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/broker/brokertest"
 )
 
 var errCrash = errors.New("simulated crash")
@@ -25,7 +26,7 @@ var errCrash = errors.New("simulated crash")
 func dial(t *testing.T) *amqp.Connection {
 	t.Helper()
 	channel(t) // skips under -short, fails without a broker
-	conn, err := amqp.Dial(rabbitURL())
+	conn, err := amqp.Dial(brokertest.RabbitURL())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -308,7 +309,7 @@ func TestClientMovesTheOldDeadLetterQueueOnConnect(t *testing.T) {
 	q := sourceQueue(t, ch, "migrate-client")
 	want := oldDeadLetters(t, ch, q, 30)
 	var logs syncBuffer
-	c := NewClient(Options{Name: "test", URL: rabbitURL(), Queue: q, Prefetch: 16, Declare: true,
+	c := NewClient(Options{Name: "test", URL: brokertest.RabbitURL(), Queue: q, Prefetch: 16, Declare: true,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

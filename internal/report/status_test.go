@@ -1,4 +1,4 @@
-package main
+package report
 
 import (
 	"bytes"
@@ -9,10 +9,11 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	adminv1 "handoff.dev/handoff/api/admin/v1"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // The text of `sidecar status` and `sidecar events`, from fixed answers.
-func TestAdminCLIText(t *testing.T) {
+func TestStatusAndEvents(t *testing.T) {
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	st := &adminv1.Status{
 		StartedAt: timestamppb.New(t0.Add(-time.Hour)),
@@ -33,8 +34,8 @@ func TestAdminCLIText(t *testing.T) {
 		},
 	}
 	var b bytes.Buffer
-	writeStatus(&b, st, t0)
-	golden(t, "admin_status.golden", b.String())
+	Status(&b, st, t0)
+	testkit.Golden(t, "status.golden", b.String())
 
 	ev := &adminv1.Event{Source: "orders", EventId: "order-1", Handoffs: []*adminv1.Handoff{
 		{Steps: []*adminv1.Step{
@@ -44,6 +45,6 @@ func TestAdminCLIText(t *testing.T) {
 		{ReplayId: "r1", Steps: []*adminv1.Step{{At: timestamppb.New(t0.Add(time.Hour)), Kind: "received", Text: "received     hop 0"}}},
 	}}
 	b.Reset()
-	writeEvent(&b, ev)
-	golden(t, "admin_events.golden", b.String())
+	Event(&b, ev)
+	testkit.Golden(t, "events.golden", b.String())
 }
