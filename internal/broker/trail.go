@@ -169,11 +169,9 @@ func ParseTrail(h Headers) (Trail, error) {
 			}
 			continue
 		}
-		ts, err := time.Parse(time.RFC3339Nano, v)
-		// Times are written back in UTC: one whose UTC year leaves four
-		// digits could not be read again at the next hop.
-		if err != nil || ts.UTC().Year() < 0 || ts.UTC().Year() > 9999 {
-			return t, fmt.Errorf("%s: %q is not an RFC 3339 time", f.key, v)
+		ts, err := ParseTime(f.key, v)
+		if err != nil {
+			return t, err
 		}
 		*f.dst = ts
 	}
@@ -184,11 +182,23 @@ func ParseTrail(h Headers) (Trail, error) {
 	t.ReplayID = h[HeaderReplayID]
 	t.ReplayOf = h[HeaderReplayOf]
 	if v, ok := h[HeaderDeadLetteredAt]; ok {
-		if t.DeadLetteredAt, err = time.Parse(time.RFC3339Nano, v); err != nil {
-			return t, fmt.Errorf("%s: %q is not an RFC 3339 time", HeaderDeadLetteredAt, v)
+		if t.DeadLetteredAt, err = ParseTime(HeaderDeadLetteredAt, v); err != nil {
+			return t, err
 		}
 	}
 	return t, nil
+}
+
+// ParseTime reads the time in header key: RFC 3339 with any fraction of a
+// second, or none (TimeLayout writes milliseconds; a producer's
+// handoff-deadline may carry more). Times are written back in UTC: one whose
+// UTC year leaves four digits could not be read again at the next hop.
+func ParseTime(key, v string) (time.Time, error) {
+	ts, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil || ts.UTC().Year() < 0 || ts.UTC().Year() > 9999 {
+		return time.Time{}, fmt.Errorf("%s: %q is not an RFC 3339 time", key, v)
+	}
+	return ts, nil
 }
 
 func atoi(h Headers, key string, required bool) (int, error) {

@@ -78,14 +78,14 @@ func (l *Letter) fill(at time.Time, m *broker.Message) {
 	l.ReplayID = h[broker.HeaderReplayID]
 	l.ReplayOf = h[broker.HeaderReplayOf]
 	l.Attempts, _ = strconv.Atoi(h[broker.HeaderAttempt])
-	if t, err := time.Parse(broker.TimeLayout, h[broker.HeaderFirstFailureAt]); err == nil {
+	if t, err := broker.ParseTime(broker.HeaderFirstFailureAt, h[broker.HeaderFirstFailureAt]); err == nil {
 		l.FirstFailureAt = t
 	}
 	// at is the log's time for the entry; an AMQP 0.9.1 reader of a RabbitMQ
 	// stream gets none, only the timestamp property the copy kept from the
 	// original. The engine writes when it made the copy in a header.
 	l.DeadLetteredAt = at.UTC()
-	if t, err := time.Parse(time.RFC3339Nano, h[broker.HeaderDeadLetteredAt]); err == nil {
+	if t, err := broker.ParseTime(broker.HeaderDeadLetteredAt, h[broker.HeaderDeadLetteredAt]); err == nil {
 		l.DeadLetteredAt = t.UTC()
 	}
 	l.ContentType = m.ContentType

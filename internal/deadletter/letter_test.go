@@ -36,3 +36,18 @@ func TestFillPrefersTheDeadLetteredAtHeader(t *testing.T) {
 		})
 	}
 }
+
+// Every time in a dead letter's headers is read as the trail reads it: a
+// first failure written without milliseconds (by an older writer, or a
+// copy made by hand) is still the dead letter's first failure.
+func TestFillReadsTimesAsTheTrailDoes(t *testing.T) {
+	first := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	for _, v := range []string{first.Format(broker.TimeLayout), first.Format(time.RFC3339), "2026-12-01T09:00:00.000000Z"} {
+		m := &broker.Message{Headers: broker.Headers{broker.HeaderEventID: "e-1", broker.HeaderFirstFailureAt: v}}
+		var l Letter
+		l.fill(first, m)
+		if !l.FirstFailureAt.Equal(first) {
+			t.Errorf("first failure %q read as %v, want %v", v, l.FirstFailureAt, first)
+		}
+	}
+}

@@ -201,7 +201,7 @@ func (h *handoff) deadlineFor(first time.Time) time.Time {
 	var earlier time.Time
 	if h.e.o.TrustProducerDeadline && !h.retry {
 		if v := h.msg.Headers[broker.HeaderDeadline]; v != "" {
-			d, err := time.Parse(time.RFC3339Nano, v)
+			d, err := broker.ParseTime(broker.HeaderDeadline, v)
 			if err != nil {
 				h.logger().Warn("producer deadline unreadable; using the configured one", "value", v)
 			} else {

@@ -426,7 +426,7 @@ func (c *Client) pauseUntil(st *partition, r *kgo.Record, due time.Time) {
 func nextDue(r *kgo.Record) (time.Time, bool) {
 	for _, h := range r.Headers {
 		if h.Key == broker.HeaderNextDue {
-			t, err := time.Parse(time.RFC3339Nano, string(h.Value))
+			t, err := broker.ParseTime(h.Key, string(h.Value))
 			return t, err == nil
 		}
 	}
