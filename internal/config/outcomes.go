@@ -1,8 +1,11 @@
 package config
 
 import (
+	"fmt"
+
 	"handoff.dev/handoff/internal/budget"
 	"handoff.dev/handoff/internal/handler"
+	"handoff.dev/handoff/internal/journal"
 )
 
 // validateOutcomesGRPC checks outcomes.grpc, and that each outcomes map
@@ -25,4 +28,27 @@ func (c *Config) validateOutcomesGRPC(ps *Problems) {
 			ps.add(path, "unknown outcome %q (want success, retry, overload, unknown, defer, permanent, dead-letter or drop)", val)
 		}
 	}
+}
+
+// Classifier is the classification of the app's answers these overrides
+// make, for the handler's transport: what the sidecar runs with. A config
+// that passed Validate always has one.
+func (o Outcomes) Classifier() (*handler.Classifier, error) {
+	c, err := handler.NewClassifier(o.HTTP)
+	if err != nil {
+		return nil, fmt.Errorf("outcomes.http: %w", err)
+	}
+	if c, err = c.WithGRPC(o.GRPC); err != nil {
+		return nil, fmt.Errorf("outcomes.grpc: %w", err)
+	}
+	return c, nil
+}
+
+// SyncMode is journal.sync as the journal takes it.
+func (j Journal) SyncMode() (journal.SyncMode, error) {
+	m, ok := journal.ParseSyncMode(j.Sync)
+	if !ok {
+		return m, fmt.Errorf("journal.sync: want always, batch or none, got %q", j.Sync)
+	}
+	return m, nil
 }

@@ -12,7 +12,6 @@ import (
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/budget"
 	"handoff.dev/handoff/internal/handler"
-	"handoff.dev/handoff/internal/journal"
 	"handoff.dev/handoff/internal/redact"
 )
 
@@ -73,7 +72,7 @@ func (c *Config) Validate() error {
 	if c.Journal.Path == "" {
 		ps.add("journal.path", "required")
 	}
-	if _, ok := journal.ParseSyncMode(c.Journal.Sync); !ok {
+	if _, err := c.Journal.SyncMode(); err != nil {
 		ps.add("journal.sync", "want always, batch or none, got %q", c.Journal.Sync)
 	}
 	if c.Journal.Retention <= 0 {

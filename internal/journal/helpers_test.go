@@ -11,6 +11,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"handoff.dev/handoff/internal/budget"
 	"handoff.dev/handoff/internal/testkit"
 )
 
@@ -118,12 +119,11 @@ func equalRecord(a, b Record) bool {
 // at is the fake clock's start plus d, for records with an explicit time.
 func at(d time.Duration) time.Time { return t0.Add(d) }
 
-// Outcome numbers as budget.Outcome defines them; the journal only knows
-// success and drop, the others are opaque numbers to it.
+// Outcomes as the journal stores them: budget.Outcome's numbers.
 const (
-	outSuccess = outcomeSuccess
-	outRetry   = 2
-	outDrop    = outcomeDrop
+	outSuccess = uint8(budget.Success)
+	outRetry   = uint8(budget.Retry)
+	outDrop    = uint8(budget.Drop)
 )
 
 // Stories of a hand-off, one per phase it can stop in. Times are offsets

@@ -7,6 +7,8 @@ import (
 	"runtime/debug"
 
 	bolt "go.etcd.io/bbolt"
+
+	"handoff.dev/handoff/internal/budget"
 )
 
 // Recovery is what Open found that a previous run left open: hand-offs whose
@@ -44,16 +46,9 @@ func (r Recovery) String() string {
 	return s
 }
 
-// outcomeSuccess and outcomeDrop are budget.Success and budget.Drop; the
-// journal stores outcomes as numbers and only needs to know these two.
-const (
-	outcomeSuccess = 1
-	outcomeDrop    = 7
-)
-
 // Handled reports whether the hop's attempt succeeded or was dropped.
 func (s *State) Handled() bool {
-	return s.HopAttempt > 0 && (s.HopOutcome == outcomeSuccess || s.HopOutcome == outcomeDrop)
+	return s.HopAttempt > 0 && (budget.Outcome(s.HopOutcome) == budget.Success || budget.Outcome(s.HopOutcome) == budget.Drop)
 }
 
 // safeVerify is verify, with bbolt's panics on damaged pages turned into

@@ -106,12 +106,9 @@ func Build(cfg config.Config, o Options) (_ *Sidecar, err error) {
 		}
 	}()
 	policy := policyFrom(cfg.Retry)
-	classifier, err := handler.NewClassifier(cfg.Outcomes.HTTP)
+	classifier, err := cfg.Outcomes.Classifier()
 	if err != nil {
-		return nil, configError(fmt.Errorf("outcomes.http: %w", err))
-	}
-	if classifier, err = classifier.WithGRPC(cfg.Outcomes.GRPC); err != nil {
-		return nil, configError(fmt.Errorf("outcomes.grpc: %w", err))
+		return nil, configError(err)
 	}
 	if s.app, err = newAppClient(cfg.Handler, classifier); err != nil {
 		return nil, err
@@ -180,7 +177,10 @@ func (s *Sidecar) AdminAddr() string {
 func (s *Sidecar) openJournal(beforeCommit func(int) error) error {
 	cfg, log := s.cfg, s.log
 	var committed atomic.Pointer[telemetry.Metrics]
-	syncMode, _ := journal.ParseSyncMode(cfg.Journal.Sync)
+	syncMode, err := cfg.Journal.SyncMode()
+	if err != nil {
+		return configError(err)
+	}
 	jr, recovered, err := journal.Open(cfg.Journal.Path, journal.Options{
 		Sync:         syncMode,
 		Linger:       cfg.Journal.Linger.D(),
