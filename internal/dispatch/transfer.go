@@ -81,7 +81,7 @@ func (h *handoff) transfer(ctx context.Context, trail broker.Headers, dest broke
 // whether it did; otherwise the delivery was handed back (shutdown) or lost.
 func (h *handoff) publish(ctx context.Context, dest broker.Destination, trail broker.Headers, why string) bool {
 	pctx, span := h.startPublish(ctx, dest)
-	backoff := transferBackoffMin
+	backoff := budget.NewBackoff(transferBackoffMin, transferBackoffMax)
 	var failed error // the last try's, for the span
 	for tries := 1; ; tries++ {
 		err := h.r.Transfer.Transfer(pctx, dest, h.msg, trail)
@@ -92,13 +92,13 @@ func (h *handoff) publish(ctx context.Context, dest broker.Destination, trail br
 		failed = err
 		// Ack only after the copy is confirmed: acking first loses the
 		// message if the copy never arrives.
-		h.logger().Warn("transfer failed; source message stays unacked", "to", dest, "why", why, "err", err, "retry_in", backoff)
+		wait := backoff.Next()
+		h.logger().Warn("transfer failed; source message stays unacked", "to", dest, "why", why, "err", err, "retry_in", wait)
 		// Not handed back when intake stops: the copy may yet be
 		// confirmed while in-flight messages drain.
-		if !await(h, ctx, nil, time.After(backoff), "delivery lost before its copy was transferred; the broker redelivers it") {
+		if !await(h, ctx, nil, time.After(wait), "delivery lost before its copy was transferred; the broker redelivers it") {
 			endPublish(span, tries, err)
 			return false
 		}
-		backoff = min(backoff*2, transferBackoffMax)
 	}
 }

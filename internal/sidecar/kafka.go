@@ -17,6 +17,7 @@ import (
 
 	"handoff.dev/handoff/internal/admin"
 	"handoff.dev/handoff/internal/broker/kafka"
+	"handoff.dev/handoff/internal/budget"
 	"handoff.dev/handoff/internal/config"
 	"handoff.dev/handoff/internal/deadletter"
 	"handoff.dev/handoff/internal/dispatch"
@@ -169,14 +170,13 @@ func kafkaSource(name string, k *config.Kafka, n sourceNeeds) (source, error) {
 // follows a failure. It returns nil either way: a source that stops trying
 // because the sidecar stops has not failed.
 func retry(ctx context.Context, first, most time.Duration, try func(next time.Duration) bool) error {
-	backoff := first
-	for !try(backoff) {
+	backoff := budget.NewBackoff(first, most)
+	for !try(backoff.Peek()) {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(backoff):
+		case <-time.After(backoff.Next()):
 		}
-		backoff = min(backoff*2, most)
 	}
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/budget"
 )
 
 // LedgerTopic is the dead-letter ledger of topic consumed by group: the log
@@ -68,7 +69,8 @@ func (l *TopicLog) First(ctx context.Context) (map[int32]int64, error) {
 	// moment, and to the client's until its cached metadata is refreshed
 	// (at most every 5s, franz-go's MetadataMinAge); the producer retries
 	// that on its own, an admin request not.
-	for wait, waited := 50*time.Millisecond, time.Duration(0); ; wait, waited = min(2*wait, time.Second), waited+wait {
+	backoff := budget.NewBackoff(50*time.Millisecond, time.Second)
+	for waited := time.Duration(0); ; {
 		var err error
 		starts, err = l.adm.ListStartOffsets(ctx, l.topic)
 		if err == nil {
@@ -80,11 +82,13 @@ func (l *TopicLog) First(ctx context.Context) (map[int32]int64, error) {
 		if !errors.Is(err, kerr.UnknownTopicOrPartition) || waited >= 8*time.Second {
 			return nil, fmt.Errorf("list start offsets of %s: %w", l.topic, err)
 		}
+		wait := backoff.Next()
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-time.After(wait):
 		}
+		waited += wait
 	}
 	out := map[int32]int64{}
 	starts.Each(func(o kadm.ListedOffset) { out[o.Partition] = o.Offset })

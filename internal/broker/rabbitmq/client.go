@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/budget"
 	"handoff.dev/handoff/internal/redact"
 )
 
@@ -102,27 +103,27 @@ func NewClient(o Options) *Client {
 // settled.
 func (c *Client) Run(ctx context.Context) error {
 	defer c.closeReader()
-	backoff := c.opts.MinBackoff
+	backoff := budget.NewBackoff(c.opts.MinBackoff, c.opts.MaxBackoff)
 	for {
 		s, err := c.connect(ctx)
 		c.setLastErr(err)
 		if err != nil {
+			wait := backoff.Next()
 			// A dial error can quote the URL, password and all.
 			if why, ok := Refusal(err); ok {
-				c.log.Error("rabbitmq refused the sidecar: "+why, "err", redact.Error(err), "retry_in", backoff)
+				c.log.Error("rabbitmq refused the sidecar: "+why, "err", redact.Error(err), "retry_in", wait)
 			} else {
-				c.log.Warn("rabbitmq connect failed", "err", redact.Error(err), "retry_in", backoff)
+				c.log.Warn("rabbitmq connect failed", "err", redact.Error(err), "retry_in", wait)
 			}
 			select {
 			case <-ctx.Done():
 				c.stop()
 				return nil
-			case <-time.After(backoff):
+			case <-time.After(wait):
 			}
-			backoff = min(backoff*2, c.opts.MaxBackoff)
 			continue
 		}
-		backoff = c.opts.MinBackoff
+		backoff.Reset()
 		c.setSession(s)
 		c.log.Info("rabbitmq connected")
 		select {
