@@ -6,7 +6,55 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"handoff.dev/handoff/internal/budget"
 )
+
+// latch is what both gates are: open or held. Waiters read its channel,
+// closed while it is open; the channel is replaced under mu and read without
+// it, since every admission and call reads it.
+type latch struct {
+	mu     sync.Mutex
+	opened atomic.Pointer[chan struct{}]
+	held   bool
+}
+
+func (l *latch) init() {
+	opened := make(chan struct{})
+	close(opened)
+	l.opened.Store(&opened)
+}
+
+// openChan is closed while the latch is open.
+func (l *latch) openChan() <-chan struct{} { return *l.opened.Load() }
+
+// holdLocked holds the latch and reports whether it was open; mu is held.
+func (l *latch) holdLocked() bool {
+	if l.held {
+		return false
+	}
+	l.held = true
+	opened := make(chan struct{})
+	l.opened.Store(&opened)
+	return true
+}
+
+// openLocked opens the latch and reports whether it was held; mu is held.
+func (l *latch) openLocked() bool {
+	if !l.held {
+		return false
+	}
+	l.held = false
+	close(*l.opened.Load())
+	return true
+}
+
+// isHeld reports whether the latch is held.
+func (l *latch) isHeld() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.held
+}
 
 // gate holds intake and calls while something they need is away: the app
 // unreachable, the journal unwritable. While held, a prober tries it with
@@ -19,25 +67,14 @@ type gate struct {
 	// written"; and what it is once back.
 	away, back string
 
-	mu sync.Mutex
-	// opened is closed while the gate is open; replaced under mu, read
-	// without it: every admission and call reads it.
-	opened atomic.Pointer[chan struct{}]
-	held   bool
-	wg     sync.WaitGroup
+	latch
+	wg sync.WaitGroup
 }
 
 func newGate(probe func(context.Context) error, log *slog.Logger, away, back string) *gate {
 	g := &gate{probe: probe, log: log, min: 50 * time.Millisecond, max: 5 * time.Second, away: away, back: back}
-	opened := make(chan struct{})
-	close(opened)
-	g.opened.Store(&opened)
+	g.init()
 	return g
-}
-
-// openChan is closed while the gate is open.
-func (g *gate) openChan() <-chan struct{} {
-	return *g.opened.Load()
 }
 
 // wait blocks while the gate is held, until ctx is done.
@@ -55,24 +92,14 @@ func (g *gate) wait(ctx context.Context) error {
 	}
 }
 
-// isHeld reports whether the gate is held.
-func (g *gate) isHeld() bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.held
-}
-
 // hold closes the gate, if open, and starts probing; the prober stops when the
 // app answers or ctx is done.
 func (g *gate) hold(ctx context.Context) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.held {
+	if !g.holdLocked() {
 		return
 	}
-	g.held = true
-	opened := make(chan struct{})
-	g.opened.Store(&opened)
 	g.log.Warn(g.away + ": intake paused, probing")
 	g.wg.Add(1)
 	go g.run(ctx)
@@ -80,26 +107,24 @@ func (g *gate) hold(ctx context.Context) {
 
 func (g *gate) run(ctx context.Context) {
 	defer g.wg.Done()
-	backoff := g.min
+	backoff := budget.NewBackoff(g.min, g.max)
 	start := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(backoff):
+		case <-time.After(backoff.Next()):
 		}
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		err := g.probe(pctx)
 		cancel()
 		if err == nil {
 			g.mu.Lock()
-			g.held = false
-			close(*g.opened.Load())
+			g.openLocked()
 			g.mu.Unlock()
 			g.log.Info(g.back+": intake resumed", "held_for", time.Since(start).Round(time.Millisecond))
 			return
 		}
-		backoff = min(backoff*2, g.max)
 	}
 }
 

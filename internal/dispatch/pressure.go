@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"handoff.dev/handoff/internal/budget"
@@ -29,11 +28,7 @@ type freshGate struct {
 
 	syncMu sync.Mutex // serializes syncFresh
 
-	mu sync.Mutex
-	// opened is closed while fresh intake is open; replaced under mu, read
-	// without it: every admission and call reads it.
-	opened atomic.Pointer[chan struct{}]
-	held   bool
+	latch                // held while fresh intake is paused
 	closed bool          // after close, hold does nothing
 	stop   chan struct{} // ends the prober of the current hold
 	probe  chan struct{} // one token: one message through
@@ -42,15 +37,8 @@ type freshGate struct {
 
 func newFreshGate(log *slog.Logger) *freshGate {
 	g := &freshGate{log: log, probe: make(chan struct{}, 1)}
-	opened := make(chan struct{})
-	close(opened)
-	g.opened.Store(&opened)
+	g.init()
 	return g
-}
-
-// openChan is closed while fresh intake is open.
-func (g *freshGate) openChan() <-chan struct{} {
-	return *g.opened.Load()
 }
 
 func isClosed(ch <-chan struct{}) bool {
@@ -65,12 +53,9 @@ func isClosed(ch <-chan struct{}) bool {
 func (g *freshGate) hold(state budget.BudgetState) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.held || g.closed {
+	if g.closed || !g.holdLocked() {
 		return
 	}
-	g.held = true
-	opened := make(chan struct{})
-	g.opened.Store(&opened)
 	g.stop = make(chan struct{})
 	g.log.Warn("retry budget spent and fresh messages keep failing: fresh intake paused; retries and probes go on",
 		"tokens", state.Tokens, "denied", state.Denied)
@@ -81,20 +66,18 @@ func (g *freshGate) hold(state budget.BudgetState) {
 func (g *freshGate) open() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !g.held {
+	if !g.openLocked() {
 		return
 	}
-	g.held = false
-	close(*g.opened.Load())
 	close(g.stop)
 	g.log.Info("a call succeeded: fresh intake resumed")
 }
 
 func (g *freshGate) prober(stop chan struct{}) {
 	defer g.wg.Done()
-	wait := freshProbeMin
+	backoff := budget.NewBackoff(freshProbeMin, freshProbeMax)
 	for {
-		t := time.NewTimer(wait)
+		t := time.NewTimer(backoff.Next())
 		select {
 		case <-t.C:
 			select {
@@ -111,7 +94,6 @@ func (g *freshGate) prober(stop chan struct{}) {
 			}
 			return
 		}
-		wait = min(wait*2, freshProbeMax)
 	}
 }
 
@@ -119,9 +101,7 @@ func (g *freshGate) prober(stop chan struct{}) {
 func (g *freshGate) close() {
 	g.mu.Lock()
 	g.closed = true
-	if g.held {
-		g.held = false
-		close(*g.opened.Load())
+	if g.openLocked() {
 		close(g.stop)
 	}
 	g.mu.Unlock()
