@@ -1,28 +1,31 @@
-// Package brokertest is the contract every broker adapter passes: what a
-// delivery carries, what Ack and Release do, and what the retry and
-// dead-letter copies keep. Each adapter's tests run it against its broker
-// through a Fixture; broker differences are Capabilities, not skipped tests.
+// Package brokertest is the contract every broker adapter passes, as the
+// engine uses it (dispatch's Source, Transferer and CopyFinder): what a
+// delivery carries, what Ack and Release do, that a delivery lost with its
+// consumer comes back, that one consumer gets a source's messages in order,
+// what the retry and dead-letter copies keep, and that a copy is found
+// again after a crash. Each adapter's tests run it against its broker through
+// a Fixture; broker differences are Capabilities, not skipped tests.
 package brokertest
 
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/dispatch"
 )
 
-// Consumer is an adapter's intake: the source and its retry path.
-type Consumer interface {
-	Consume(ctx context.Context, deliver func(broker.Delivery)) error
-}
-
-// Transferer moves copies, as dispatch uses it.
-type Transferer interface {
-	Transfer(ctx context.Context, dest broker.Destination, msg *broker.Message, trail broker.Headers) error
-}
+// Consumer is an adapter's intake, the source and its retry path, as the
+// engine consumes it; Transferer moves its copies.
+type (
+	Consumer   = dispatch.Source
+	Transferer = dispatch.Transferer
+)
 
 // Fixture is one adapter on fresh topology (a queue or topic of its own).
 type Fixture struct {
@@ -44,6 +47,14 @@ type Capabilities struct {
 	// consumer (RabbitMQ requeue). Otherwise it comes back to the next
 	// consumer of its partition (Kafka: its offset is not committed).
 	ReleaseRedeliversAtOnce bool
+	// FlagsRedelivery: a delivery that comes back after its consumer
+	// stopped says so (RabbitMQ's redelivered flag). Kafka's says so only
+	// from the handed-out marks, which the contract's client has none of.
+	FlagsRedelivery bool
+	// FindsRetryCopies: a copy in a retry tier can be looked for as a
+	// dead-letter copy can (Kafka's retry topics are logs; RabbitMQ's
+	// delay queues are not).
+	FindsRetryCopies bool
 }
 
 // collector gathers deliveries from a running consumer.
@@ -210,5 +221,84 @@ func Run(t *testing.T, newFixture func(t *testing.T) Fixture, caps Capabilities)
 			t.Errorf("copy trail = %+v, %v", got, err)
 		}
 		_ = back.Ack()
+	})
+
+	t.Run("a delivery its consumer never settled comes back to the next one", func(t *testing.T) {
+		f := newFixture(t)
+		f.Publish(t, "m-6", []byte("lost"), nil)
+		c, _, stop := consume(t, f)
+		if d := c.wait(t, 1, 15*time.Second)[0]; string(d.Message().Body) != "lost" {
+			t.Fatalf("got %q", d.Message().Body)
+		}
+		stop() // neither acked nor released: the consumer is gone
+		c2, _, _ := consume(t, f)
+		again := c2.wait(t, 1, 30*time.Second)[0]
+		m := again.Message()
+		if string(m.Body) != "lost" {
+			t.Errorf("the next consumer got %q, want the unsettled message", m.Body)
+		}
+		if caps.FlagsRedelivery && !m.Redelivered {
+			t.Error("the message came back without its redelivered flag")
+		}
+		_ = again.Ack()
+	})
+
+	t.Run("one consumer gets the messages in the order they were published", func(t *testing.T) {
+		f := newFixture(t)
+		const n = 20
+		for i := range n {
+			f.Publish(t, fmt.Sprintf("o-%d", i), []byte(strconv.Itoa(i)), nil)
+		}
+		c, _, _ := consume(t, f)
+		for i := range n {
+			// Each acked as it comes: a prefetch below n holds the rest.
+			d := c.wait(t, i+1, 30*time.Second)[i]
+			if got := string(d.Message().Body); got != strconv.Itoa(i) {
+				t.Errorf("delivery %d is message %s", i, got)
+			}
+			_ = d.Ack()
+		}
+	})
+
+	t.Run("a copy is found after a crash, and a copy never made is not", func(t *testing.T) {
+		f := newFixture(t)
+		f.Publish(t, "m-7", []byte("copied"), nil)
+		c, tr, _ := consume(t, f)
+		d := c.wait(t, 1, 15*time.Second)[0]
+		finder, ok := tr.(dispatch.CopyFinder)
+		if !ok {
+			t.Fatal("the adapter cannot look a copy up (dispatch.CopyFinder)")
+		}
+		since := time.Now()
+		dests := []broker.Destination{{DeadLetter: true}}
+		if caps.FindsRetryCopies {
+			dests = append(dests, broker.Destination{Tier: f.Tier})
+		}
+		trail := broker.Trail{EventID: "m-7", Attempt: 1, Hops: 1, FirstAttemptAt: since,
+			Deadline: since.Add(time.Hour), NextDue: since.Add(time.Hour), DeadReason: "permanent"}
+		for _, dest := range dests {
+			if err := tr.Transfer(context.Background(), dest, d.Message(), trail.Headers()); err != nil {
+				t.Fatalf("Transfer to %v: %v", dest, err)
+			}
+		}
+		// Settled with its copies: a transactional transfer commits them
+		// with the source's offset, and an aborted one leaves no copy to
+		// find.
+		if err := d.Ack(); err != nil {
+			t.Fatalf("Ack: %v", err)
+		}
+		never := trail
+		never.Hops = 2 // the next hop's copy, never made
+		for _, dest := range dests {
+			// Looked up as the engine does after a crash between the
+			// broker's confirm and its record of it.
+			found, err := finder.FindCopy(context.Background(), dest, trail.Headers(), since)
+			if err != nil || !found {
+				t.Errorf("%v: the copy made is not found (%v)", dest, err)
+			}
+			if found, err := finder.FindCopy(context.Background(), dest, never.Headers(), since); err != nil || found {
+				t.Errorf("%v: a copy never made is found (%v, %v)", dest, found, err)
+			}
+		}
 	})
 }

@@ -18,7 +18,7 @@ import (
 
 // The broker contract, on the local RabbitMQ.
 func TestContract(t *testing.T) {
-	brokertest.Run(t, rabbitFixture, brokertest.Capabilities{ReleaseRedeliversAtOnce: true})
+	brokertest.Run(t, rabbitFixture, brokertest.Capabilities{ReleaseRedeliversAtOnce: true, FlagsRedelivery: true})
 }
 
 const contractTier = 500 * time.Millisecond
