@@ -21,8 +21,18 @@ func newAppClient(h config.Handler, classifier *handler.Classifier) (appClient, 
 	if err != nil {
 		return nil, configError(err)
 	}
+	// Each constructor's nil is returned as a nil interface, so that a
+	// failed Build does not close a client it never made.
 	if tg.Transport == handler.TransportGRPC {
-		return handler.NewGRPC(handler.GRPCOptions{URL: h.URL, Classifier: classifier})
+		c, err := handler.NewGRPC(handler.GRPCOptions{URL: h.URL, Classifier: classifier})
+		if err != nil {
+			return nil, err
+		}
+		return c, nil
 	}
-	return handler.NewHTTP(handler.HTTPOptions{URL: h.URL, MaxConcurrency: h.MaxConcurrency, Classifier: classifier})
+	c, err := handler.NewHTTP(handler.HTTPOptions{URL: h.URL, MaxConcurrency: h.MaxConcurrency, Classifier: classifier})
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
 }
