@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"flag"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -15,9 +14,9 @@ import (
 	jsonpatch "github.com/evanphx/json-patch/v5"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
-)
 
-var update = flag.Bool("update", false, "rewrite the golden patches in testdata")
+	"handoff.dev/handoff/internal/testkit"
+)
 
 // readPod reads testdata/name.yaml, and returns it as JSON too, as the API
 // server would send it. A pod whose file is named future-* carries fields
@@ -77,19 +76,7 @@ func applyGolden(t *testing.T, name string) (*corev1.Pod, *corev1.Pod, []byte) {
 		patch, indented = []byte("[]"), []byte("[]")
 	}
 	indented = append(indented, '\n')
-	golden := filepath.Join("testdata", name+".patch.json")
-	if *update {
-		if err := os.WriteFile(golden, indented, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatalf("%v (run go test -update to write it)", err)
-	}
-	if !bytes.Equal(indented, want) {
-		t.Errorf("%s: patch differs from %s:\n%s", name, golden, indented)
-	}
+	testkit.Golden(t, name+".patch.json", string(indented))
 	doc := applyPatch(t, raw, patch)
 	if !slices.ContainsFunc(ops, func(op operation) bool { return op.Op == "move" }) {
 		keepsRequest(t, raw, doc) // a move reorders, and its test checks the order

@@ -3,8 +3,6 @@ package main
 import (
 	"encoding/json"
 	"errors"
-	"os"
-	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -12,6 +10,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // testToken is the drain token of every pod the tests inject: golden
@@ -354,15 +354,7 @@ func TestInjectDeniesBadAnnotations(t *testing.T) {
 		t.Fatalf("err = %v, want a denial naming %s", err, annMemLimit)
 	}
 	// The message the user reads, golden like the patches.
-	golden := filepath.Join("testdata", "bad-annotation.denial.txt")
-	if *update {
-		if err := os.WriteFile(golden, []byte(err.Error()+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if want, rerr := os.ReadFile(golden); rerr != nil || string(want) != err.Error()+"\n" {
-		t.Errorf("denial %q, want %s (%v)", err, golden, rerr)
-	}
+	testkit.Golden(t, "bad-annotation.denial.txt", err.Error()+"\n")
 	base, _ := readPod(t, "plain")
 	for _, tc := range []struct{ ann, val string }{
 		{annInject, "yes please"},

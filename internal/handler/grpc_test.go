@@ -20,6 +20,7 @@ import (
 	handlerv1 "handoff.dev/handoff/api/handler/v1"
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/budget"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // grpcApp is a loopback MessageHandler that records each call and answers
@@ -301,15 +302,7 @@ func (a *grpcApp) count() int {
 
 func waitCalls(t *testing.T, a *grpcApp, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		got := a.count()
-		if got >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d calls, want %d", got, n)
-		}
-	}
+	testkit.Eventually(t, 30*time.Second, fmt.Sprintf("%d calls", n), func() bool { return a.count() >= n })
 }
 
 func TestUnixSockets(t *testing.T) {

@@ -18,6 +18,7 @@ import (
 
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/dispatch"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // Consumer is an adapter's intake, the source and its retry path, as the
@@ -71,19 +72,14 @@ func (c *collector) add(d broker.Delivery) {
 
 func (c *collector) wait(t *testing.T, n int, timeout time.Duration) []broker.Delivery {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
+	var got []broker.Delivery
+	testkit.Eventually(t, timeout, fmt.Sprintf("%d deliveries", n), func() bool {
 		c.mu.Lock()
-		got := append([]broker.Delivery(nil), c.got...)
-		c.mu.Unlock()
-		if len(got) >= n {
-			return got
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d deliveries after %v", len(got), n, timeout)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		defer c.mu.Unlock()
+		got = append(got[:0], c.got...)
+		return len(got) >= n
+	})
+	return got
 }
 
 // consume runs a consumer until the returned stop is called.

@@ -154,19 +154,11 @@ func consume(t *testing.T, c *Client, n int, timeout time.Duration) []broker.Del
 		})
 	}()
 	t.Cleanup(func() { cancel(); <-done })
-	deadline := time.Now().Add(timeout)
-	for {
+	testkit.Eventually(t, timeout, fmt.Sprintf("%d deliveries", n), func() bool {
 		mu.Lock()
-		k := len(got)
-		mu.Unlock()
-		if k >= n {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d deliveries after %v", k, n, timeout)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		defer mu.Unlock()
+		return len(got) >= n
+	})
 	mu.Lock()
 	defer mu.Unlock()
 	return append([]broker.Delivery(nil), got...)

@@ -14,6 +14,7 @@ import (
 
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/broker/brokertest"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // The broker contract, on the local RabbitMQ.
@@ -89,13 +90,7 @@ func rabbitFixture(t *testing.T) brokertest.Fixture {
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan struct{})
 			go func() { defer close(done); _ = c.Run(ctx) }()
-			deadline := time.Now().Add(15 * time.Second)
-			for !c.Connected() {
-				if time.Now().After(deadline) {
-					t.Fatal("not connected after 15s")
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
+			testkit.Eventually(t, 15*time.Second, "the client connected", c.Connected)
 			return both{c.Source(), c.RetrySource()}, c, func() { cancel(); <-done }
 		},
 		Publish: func(t *testing.T, id string, body []byte, headers map[string]string) {
