@@ -83,8 +83,9 @@ func Listen(o Options) (*Server, error) {
 	// The gateway calls the service in process, without a gRPC hop, so
 	// the gRPC interceptors never see its calls: the REST side has its own
 	// guard, in front of every path and again on every route.
-	gw := runtime.NewServeMux(runtime.WithMiddlewares(auth.restCall))
-	if err := adminv1.RegisterAdminHandlerServer(context.Background(), gw, svc); err != nil {
+	var gw *runtime.ServeMux
+	gw = runtime.NewServeMux(strictOptions(auth.restCall, func() *runtime.ServeMux { return gw })...)
+	if err := adminv1.RegisterAdminHandlerServer(context.Background(), gw, restService{svc}); err != nil {
 		return nil, fmt.Errorf("admin gateway: %w", err)
 	}
 	mux := http.NewServeMux()
