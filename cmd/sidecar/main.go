@@ -58,9 +58,14 @@ func main() {
 	case errors.As(err, &ce):
 		code = exitConfig
 	}
-	// The last word may quote a URL from the config: never its password.
-	fmt.Fprintln(os.Stderr, "sidecar:", redact.Error(plainRPC(err)))
+	fmt.Fprintln(os.Stderr, lastWord(err))
 	os.Exit(code)
+}
+
+// lastWord is what the command says of the error it ends on. It may quote a
+// URL from the config: never its password.
+func lastWord(err error) string {
+	return "sidecar: " + redact.Error(plainRPC(err)).Error()
 }
 
 // plainRPC words an admin API refusal for a person: its message and its
