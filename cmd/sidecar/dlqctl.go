@@ -59,7 +59,7 @@ type dlqSelection struct {
 func (s *dlqSelection) add(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&s.source, "source", "", "only this source's dead letters")
 	cmd.Flags().StringSliceVar(&s.states, "state", nil, "only dead letters in this state (repeat, or comma-separated): "+stateNames())
-	cmd.Flags().StringVar(&s.reason, "reason", "", "only dead letters of this dead-letter reason (max-attempts, permanent, ...)")
+	cmd.Flags().StringVar(&s.reason, "dead-reason", "", "only dead letters dead-lettered for this reason (max-attempts, permanent, ...)")
 	cmd.Flags().StringVar(&s.since, "since", "", "only dead letters dead-lettered at or after this: a time (RFC 3339) or a duration ago (2h)")
 	cmd.Flags().StringVar(&s.until, "until", "", "only dead letters dead-lettered before this: a time (RFC 3339) or a duration ago")
 }

@@ -40,8 +40,8 @@ func replayStartCmd() *cobra.Command {
 		why, operator       string
 	)
 	cmd := &cobra.Command{
-		Use: "start [ID...] [--source S --reason R --since T --until T --state S] [--rate N] [--batch-size N] [--sample N] " +
-			"[--stop-failure-ratio X] [--force] [--dry-run] [--why W] [--follow]",
+		Use: "start [ID...] [--source S --dead-reason R --since T --until T --state S] [--rate N] [--batch-size N] [--sample N] " +
+			"[--stop-failure-ratio X] [--force] [--dry-run] [--reason WHY] [--follow]",
 		Short: "Replay dead letters to their source: by id, or a selection (approved ones unless --force)",
 		RunE: func(cmd *cobra.Command, ids []string) error {
 			switch {
@@ -97,7 +97,11 @@ func replayStartCmd() *cobra.Command {
 	cmd.Flags().Float64Var(&ratio, "stop-failure-ratio", 0, "stop when more than this share of the replayed copies fail (0: 0.5; 1 never stops)")
 	cmd.Flags().BoolVar(&force, "force", false, "replay pending dead letters too, approving them on the way")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "say what would be replayed, and start nothing")
-	cmd.Flags().StringVar(&why, "why", "", "why: recorded with the replay")
+	cmd.Flags().StringVar(&why, "reason", "", "why: recorded with the replay")
+	// Its name before --reason meant the recorded reason here as on every
+	// other command.
+	cmd.Flags().StringVar(&why, "why", "", "")
+	_ = cmd.Flags().MarkDeprecated("why", "use --reason")
 	cmd.Flags().StringVar(&operator, "operator", os.Getenv("USER"), "who is acting, recorded after the token's name")
 	cmd.Flags().BoolVar(&foll, "follow", false, "show the replay's progress until it ends")
 	f.add(cmd)

@@ -250,7 +250,7 @@ func TestReplayStartFollow(t *testing.T) {
 	}
 
 	out, errOut, err := dlqRun(t, append([]string{"replay", "start", "orders.dlq/3", "orders.dlq/5", "--force",
-		"--rate", "2", "--why", "upstream fixed", "--operator", "cy", "--follow"}, conn...)...)
+		"--rate", "2", "--reason", "upstream fixed", "--operator", "cy", "--follow"}, conn...)...)
 	if err != nil {
 		t.Fatalf("replay start --follow: %v\n%s", err, errOut)
 	}
