@@ -371,7 +371,7 @@ func TestAdminCLI(t *testing.T) {
 	if lines[0] != "test/flaky" {
 		t.Errorf("events: first line %q, want test/flaky", lines[0])
 	}
-	for _, want := range []string{"received     hop 0", "attempt 1    overload in", "transferred  hop 1 → retry.500ms: confirmed", "attempt 2    success in", "settled      hop 1"} {
+	for _, want := range []string{"received     hop 0", "attempt 1    overload, answered in", "transferred  hop 1 → retry.500ms: confirmed", "attempt 2    success, answered in", "settled      hop 1"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("events lacks %q:\n%s", want, out)
 		}

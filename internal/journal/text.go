@@ -18,7 +18,8 @@ func (r Record) Text() string {
 	case Attempt:
 		return fmt.Sprintf("attempt %-4d started", r.Attempt)
 	case Outcome:
-		s := fmt.Sprintf("attempt %-4d %s in %s", r.Attempt, budget.Outcome(r.Outcome), r.Latency.Round(time.Microsecond))
+		// The outcome, then how long the app took to answer: not a wait.
+		s := fmt.Sprintf("attempt %-4d %s, answered in %s", r.Attempt, budget.Outcome(r.Outcome), r.Latency.Round(time.Microsecond))
 		switch {
 		case r.Detail != "":
 			s += ": " + oneLine(r.Detail) // the evidence, status included

@@ -17,7 +17,7 @@ func TestTextKeepsEvidenceOnOneLine(t *testing.T) {
 	if strings.ContainsAny(got, "\r\n") {
 		t.Fatalf("Text() = %q: spans lines", got)
 	}
-	want := `attempt 2    retry in 3ms: HTTP 501: <html>\r\n  <p>Unsupported method</p>\n</html>`
+	want := `attempt 2    retry, answered in 3ms: HTTP 501: <html>\r\n  <p>Unsupported method</p>\n</html>`
 	if got != want {
 		t.Errorf("Text() = %q, want %q", got, want)
 	}
