@@ -6,8 +6,16 @@ export HANDOFF_KAFKA_BROKERS ?= 127.0.0.1:19092
 
 .PHONY: build demo brokers brokers-stop test test-short lint fmt fuzz bench soak proto clean image
 
+VERSION    ?= 0.1.0
+
+# The version and commit a build says it is (sidecar --version, the
+# handoff_build_info metric): set here, since a machine may build with
+# -buildvcs=false.
+REVISION := $(shell git rev-parse --short=12 HEAD 2>/dev/null)$(shell git diff --quiet HEAD 2>/dev/null || echo -dirty)
+LDFLAGS  := -X handoff.dev/handoff/internal/buildinfo.version=$(VERSION) -X handoff.dev/handoff/internal/buildinfo.revision=$(REVISION)
+
 build:
-	$(GO) build -o bin/sidecar ./cmd/sidecar
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/sidecar ./cmd/sidecar
 	$(GO) build -o bin/sidecar-injector ./deploy/sidecar-injector
 	$(GO) build -o bin/handoff-bench ./cmd/handoff-bench
 
@@ -16,7 +24,6 @@ build:
 # DOCKER=podman).
 DOCKER     ?= docker
 IMAGE_REPO ?= ghcr.io/handoff-dev
-VERSION    ?= 0.1.0
 image:
 	$(DOCKER) build --target sidecar -t $(IMAGE_REPO)/sidecar:$(VERSION) .
 	$(DOCKER) build --target sidecar-injector -t $(IMAGE_REPO)/sidecar-injector:$(VERSION) .

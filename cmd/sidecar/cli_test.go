@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -100,6 +101,14 @@ sources:
     rabbitmq: {url: "amqp://guest:guest@127.0.0.1:5672/", queue: orders}
 retry: {max_attempts: 4, tiers: [1s, 10s]}
 `
+
+// --version names the build: its version, revision and toolchain.
+func TestVersion(t *testing.T) {
+	out, err := runCLI(t, "--version")
+	if err != nil || !strings.HasPrefix(out, "sidecar version ") || !strings.Contains(out, runtime.Version()) {
+		t.Errorf("--version: %q, %v", out, err)
+	}
+}
 
 func TestValidateCommand(t *testing.T) {
 	t.Parallel()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -56,7 +57,8 @@ orders a request (CloudEvents batched mode).`,
 
 // selfCommand is how a person in this directory runs this binary again:
 // its path relative to here when it is below, "sidecar" when it was found
-// on the PATH, else its absolute path.
+// on the PATH, go run's command for a binary go run built, else its
+// absolute path.
 func selfCommand() string {
 	arg := os.Args[0]
 	if filepath.Base(arg) == arg {
@@ -65,6 +67,9 @@ func selfCommand() string {
 	exe, err := filepath.Abs(arg)
 	if err != nil {
 		return arg
+	}
+	if strings.Contains(exe, string(filepath.Separator)+"go-build") {
+		return "go run ./cmd/sidecar" // a binary go run built, gone when it ends
 	}
 	if wd, err := os.Getwd(); err == nil {
 		if rel, err := filepath.Rel(wd, exe); err == nil && filepath.IsLocal(rel) {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"handoff.dev/handoff/internal/buildinfo"
 	"handoff.dev/handoff/internal/redact"
 	"handoff.dev/handoff/internal/sidecar"
 )
@@ -84,6 +85,7 @@ func rootCmd() *cobra.Command {
 		Short:         "Handoff: reliable broker consumption for a local HTTP app",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       buildinfo.Get().String(),
 	}
 	root.PersistentFlags().String("log-level", "info", "debug, info, warn or error")
 	root.PersistentFlags().String("log-format", "", "text or json (json for run, where a log collector reads it)")

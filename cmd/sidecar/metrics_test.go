@@ -129,7 +129,7 @@ func TestMetricsMatchWhatHappened(t *testing.T) {
 		}
 		for _, name := range []string{"handoff_budget_tokens", "handoff_budget_denied_total", "handoff_concurrency_limit",
 			"handoff_intake_paused", "handoff_oldest_unsettled_age_seconds", "handoff_journal_commit_duration_seconds",
-			"handoff_deadletters_oldest_open_age_seconds"} {
+			"handoff_deadletters_oldest_open_age_seconds", "handoff_build_info"} {
 			if _, found := fams[name]; !found {
 				t.Errorf("%s is not exported", name)
 			}

@@ -108,6 +108,7 @@ func Run(ctx context.Context, out io.Writer, o Options) error {
 		fmt.Fprintf(out, "Handoff dev: embedded Kafka at %s, topic %s, your app at %s\n", brokers[0], Topic, shown)
 	}
 	fmt.Fprintf(out, "Retry tiers 1s and 3s, max 4 attempts; dead letters go to %s. Ctrl-C to stop.\n\n", kafka.DeadLetterTopic(Topic, Group))
+	fmt.Fprintf(out, "Metrics at http://%s/metrics (health: /readyz).\n", s.HealthAddr())
 	if a := s.AdminAddr(); a != "" {
 		fmt.Fprintf(out, "Admin API at %s; in another terminal, while this runs:\n  %s dlq list --admin %s --token-file %s\n\n",
 			a, o.Command, a, cfg.Admin.TokenFile)
@@ -159,7 +160,7 @@ func demoConfig(o Options, appURL string, brokers []string, dir string) (config.
 	cfg.Retry.MaxAttempts = 4
 	cfg.Retry.Tiers = []config.Duration{config.Duration(time.Second), config.Duration(3 * time.Second)}
 	cfg.Journal.Path = filepath.Join(dir, "handoff.db")
-	cfg.Telemetry.MetricsListen = ""
+	cfg.Telemetry.MetricsListen = "127.0.0.1:0" // a free port, said at the start
 	cfg.Shutdown.DrainTimeout = config.Duration(5 * time.Second)
 	cfg.DeadLetter.Poll = config.Duration(200 * time.Millisecond)
 	if o.Admin != "" {

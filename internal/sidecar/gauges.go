@@ -7,6 +7,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 
+	"handoff.dev/handoff/internal/buildinfo"
 	"handoff.dev/handoff/internal/deadletter"
 	"handoff.dev/handoff/internal/dispatch"
 	"handoff.dev/handoff/internal/telemetry"
@@ -20,7 +21,12 @@ func observeEngine(m *telemetry.Metrics, engine func() dispatch.Status, dl *dead
 	source := func(name string) []attribute.KeyValue { return []attribute.KeyValue{attribute.String("source", name)} }
 	one := func(v float64) []telemetry.Gauge { return []telemetry.Gauge{{Value: v}} }
 	var errs []error
+	bi := buildinfo.Get()
 	errs = append(errs,
+		m.Observe("handoff.build.info", "", "Always 1, with the running build's version, revision and Go version as labels.", func() []telemetry.Gauge {
+			return []telemetry.Gauge{{Value: 1, Attrs: []attribute.KeyValue{
+				attribute.String("version", bi.Version), attribute.String("revision", bi.Revision), attribute.String("go_version", bi.GoVersion)}}}
+		}),
 		m.Observe("handoff.budget.tokens", "", "Retry budget tokens available now.", func() []telemetry.Gauge {
 			if b := engine().Budget; b != nil {
 				return one(b.Tokens)
