@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
@@ -298,4 +299,20 @@ journal: {path: %q}
 		t.Errorf("the app was called %d times after the drain answered", n-callsAtAnswer)
 	}
 	testkit.Eventually(t, 5*time.Second, "the undelivered messages back in the queue", func() bool { return depth(t, conn, q) == 6-callsAtAnswer })
+}
+
+// The run's log writes a duration as people read it, in text and in JSON.
+func TestLogDurationsAsText(t *testing.T) {
+	for _, format := range []string{"text", "json"} {
+		var b bytes.Buffer
+		opts := &slog.HandlerOptions{ReplaceAttr: durationText}
+		var h slog.Handler = slog.NewTextHandler(&b, opts)
+		if format == "json" {
+			h = slog.NewJSONHandler(&b, opts)
+		}
+		slog.New(h).Info("x", "retry_in", 1500*time.Millisecond)
+		if !strings.Contains(b.String(), "1.5s") || strings.Contains(b.String(), "1500000000") {
+			t.Errorf("%s: %s", format, b.String())
+		}
+	}
 }

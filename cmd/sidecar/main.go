@@ -88,7 +88,7 @@ func rootCmd() *cobra.Command {
 		Version:       buildinfo.Get().String(),
 	}
 	root.PersistentFlags().String("log-level", "info", "debug, info, warn or error")
-	root.PersistentFlags().String("log-format", "", "text or json (json for run, where a log collector reads it)")
+	root.PersistentFlags().String("log-format", "", "text or json (default: text on a terminal, json otherwise, where a log collector reads it)")
 	root.AddCommand(runCmd(), validateCmd(), journalCmd(), devCmd(), statusCmd(), eventsCmd(), dlqCmd(), replayCmd())
 	return root
 }

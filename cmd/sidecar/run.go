@@ -76,10 +76,13 @@ func newLogger(cmd *cobra.Command) (*slog.Logger, error) {
 	if err := level.UnmarshalText([]byte(levelName)); err != nil {
 		return nil, &exitError{code: exitConfig, err: fmt.Errorf("--log-level: %w", err)}
 	}
-	opts := &slog.HandlerOptions{Level: level}
+	opts := &slog.HandlerOptions{Level: level, ReplaceAttr: durationText}
 	switch strings.ToLower(format) {
 	case "":
-		// A sidecar's log goes to a collector, which reads JSON.
+		// A person at a terminal reads text; a log collector, JSON.
+		if isTerminal(os.Stderr) {
+			return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+		}
 		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
 	case "text":
 		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
@@ -87,6 +90,21 @@ func newLogger(cmd *cobra.Command) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
 	}
 	return nil, &exitError{code: exitConfig, err: fmt.Errorf("--log-format: want text or json, got %q", format)}
+}
+
+// durationText writes a duration as people and log queries read it,
+// "1.5s", rather than as nanoseconds.
+func durationText(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(a.Value.Duration().String())
+	}
+	return a
+}
+
+// isTerminal reports whether f is a terminal.
+func isTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
 // serve builds the sidecar cfg describes and runs it until ctx ends.
