@@ -42,7 +42,12 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	s.running.Store(&run)
 
 	deadLetters := []part{{"dead letters", s.deadLetters.Run}}
-	brokers := []part{{"backlog readings", s.sampler.Run}}
+	names := make([]string, len(s.sources))
+	for i, src := range s.sources {
+		names[i] = src.name
+	}
+	sum := summary{metrics: s.metrics, status: s.engine.Status, sources: names, log: s.log, every: summaryEvery}
+	brokers := []part{{"backlog readings", s.sampler.Run}, {"traffic summary", sum.run}}
 	for _, src := range s.sources {
 		brokers = append(brokers, part{"source " + src.name, src.run})
 	}

@@ -54,6 +54,9 @@ type Metrics struct {
 type sourceCounts struct {
 	taken    atomic.Int64 // fresh messages, for the drain estimate
 	received atomic.Int64 // fresh messages and retry copies
+	// handled, retried and deadLettered are for the log's summary: kept
+	// whether or not anything reads the metrics.
+	handled, retried, deadLettered atomic.Int64
 	// received's attributes, for the collection's callback.
 	obs []metric.ObserveOption
 }
@@ -215,6 +218,20 @@ func (m *Metrics) Received(source string, retry bool) {
 	c.received.Add(1)
 }
 
+// Totals are what a source's messages came to since the start.
+type Totals struct {
+	// Taken is the fresh messages taken; Handled the attempts the app
+	// answered with success; Retried the copies moved to a retry tier;
+	// DeadLettered those moved to the dead-letter destination.
+	Taken, Handled, Retried, DeadLettered int64
+}
+
+// Totals reads source's totals.
+func (m *Metrics) Totals(source string) Totals {
+	c := m.countsOf(source)
+	return Totals{Taken: c.taken.Load(), Handled: c.handled.Load(), Retried: c.retried.Load(), DeadLettered: c.deadLettered.Load()}
+}
+
 // Taken counts the fresh messages taken from source since the start: the
 // completions the drain estimate's μ is taken from.
 func (m *Metrics) Taken(source string) int64 { return m.countsOf(source).taken.Load() }
@@ -233,10 +250,13 @@ func (m *Metrics) countsOf(source string) *sourceCounts {
 // rate of an incident is over first attempts. The latency histogram is by
 // outcome only.
 func (m *Metrics) Attempted(source, outcome string, first bool, took time.Duration) {
+	a := m.attemptSeries(attemptKey{source, outcome, first})
+	if a.handled != nil {
+		a.handled.Add(1)
+	}
 	if m.off {
 		return
 	}
-	a := m.attemptSeries(attemptKey{source, outcome, first})
 	a.outcomes.n.Add(1)
 	m.duration.Record(context.Background(), took.Seconds(), a.duration.rec...)
 }
@@ -247,8 +267,12 @@ type attemptKey struct {
 	first           bool
 }
 
-// attemptSeries are the series of one attemptKey.
-type attemptSeries struct{ outcomes, duration *series }
+// attemptSeries are the series of one attemptKey, and the source's count
+// of handled messages when the outcome is success.
+type attemptSeries struct {
+	outcomes, duration *series
+	handled            *atomic.Int64
+}
 
 // attemptSeries finds k's series in a map read without a lock: every
 // attempt looks them up, and a map of the key's own type hashes it faster
@@ -267,6 +291,9 @@ func (m *Metrics) attemptSeries(k attemptKey) attemptSeries {
 		outcomes: m.series(setKey{metric: "outcomes", source: k.source, name: "outcome", value: k.outcome, attempt: attempt}),
 		duration: m.series(setKey{metric: "duration", source: k.source, name: "outcome", value: k.outcome}),
 	}
+	if k.outcome == "success" {
+		a.handled = &m.countsOf(k.source).handled
+	}
 	m.attemptsMu.Lock()
 	defer m.attemptsMu.Unlock()
 	next := make(map[attemptKey]attemptSeries)
@@ -282,6 +309,7 @@ func (m *Metrics) attemptSeries(k attemptKey) attemptSeries {
 
 // Retried counts a copy moved to a retry tier.
 func (m *Metrics) Retried(source, tier string) {
+	m.countsOf(source).retried.Add(1)
 	if m.off {
 		return
 	}
@@ -290,6 +318,7 @@ func (m *Metrics) Retried(source, tier string) {
 
 // DeadLettered counts a copy moved to the dead-letter destination.
 func (m *Metrics) DeadLettered(source, reason string) {
+	m.countsOf(source).deadLettered.Add(1)
 	if m.off {
 		return
 	}
