@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"handoff.dev/handoff/internal/config"
 	"handoff.dev/handoff/internal/journal"
 	"handoff.dev/handoff/internal/report"
 )
@@ -58,7 +59,7 @@ func journalEventsCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&path, "path", "", "journal file (required)")
+	cmd.Flags().StringVar(&path, "path", config.DefaultJournalPath(), "journal file (journal.path)")
 	cmd.Flags().StringVar(&event, "event", "", "only this event id")
 	cmd.Flags().BoolVar(&open, "open", false, "only hand-offs not yet settled")
 	cmd.Flags().DurationVar(&since, "since", 0, "only hand-offs with a record in this last duration, e.g. 15m")
@@ -88,8 +89,7 @@ func journalRepairCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&path, "path", "", "journal file (required)")
-	_ = cmd.MarkFlagRequired("path")
+	cmd.Flags().StringVar(&path, "path", config.DefaultJournalPath(), "journal file (journal.path)")
 	return cmd
 }
 
@@ -108,7 +108,6 @@ func journalResetCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&path, "path", "", "journal file (required)")
-	_ = cmd.MarkFlagRequired("path")
+	cmd.Flags().StringVar(&path, "path", config.DefaultJournalPath(), "journal file (journal.path)")
 	return cmd
 }

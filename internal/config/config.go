@@ -1,6 +1,8 @@
 package config
 
 import (
+	"os"
+	"path/filepath"
 	"time"
 
 	"handoff.dev/handoff/internal/broker"
@@ -298,7 +300,7 @@ func Default() Config {
 			MinAttempt:  Duration(100 * time.Millisecond),
 		},
 		Budget: Budget{Ratio: 0.2, MinPerSecond: 10, Window: Duration(10 * time.Second)},
-		Journal: Journal{Path: "./handoff.db", Sync: "batch", Retention: Duration(24 * time.Hour), MaxSize: ByteSize(journal.DefaultMaxSize),
+		Journal: Journal{Path: DefaultJournalPath(), Sync: "batch", Retention: Duration(24 * time.Hour), MaxSize: ByteSize(journal.DefaultMaxSize),
 			Linger: Duration(500 * time.Microsecond)},
 		DeadLetter: DeadLetter{Retention: Duration(DefaultDeadLetterRetention), Poll: Duration(time.Second), ReplayTakeover: Duration(10 * time.Second)},
 		Admin:      Admin{Listen: "127.0.0.1:9400", TokenName: "admin"},
@@ -358,4 +360,21 @@ func (c *Config) applySourceDefaults() {
 			}
 		}
 	}
+}
+
+// DefaultJournalPath is where the journal lives unless journal.path says:
+// the user's state directory ($XDG_STATE_HOME/handoff, else
+// ~/.local/state/handoff), not the directory the sidecar was started in;
+// handoff.db in that directory when there is no home. A pod's sidecar is
+// given a path on its volume (HANDOFF_JOURNAL_PATH).
+func DefaultJournalPath() string {
+	dir := os.Getenv("XDG_STATE_HOME")
+	if dir == "" {
+		home, err := os.UserHomeDir()
+		if err != nil || home == "" {
+			return "handoff.db"
+		}
+		dir = filepath.Join(home, ".local", "state")
+	}
+	return filepath.Join(dir, "handoff", "handoff.db")
 }

@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 	"time"
 
@@ -177,6 +179,10 @@ func (s *Sidecar) AdminAddr() string {
 func (s *Sidecar) openJournal(beforeCommit func(int) error) error {
 	cfg, log := s.cfg, s.log
 	var committed atomic.Pointer[telemetry.Metrics]
+	// The default path is in a state directory that may not exist yet.
+	if err := os.MkdirAll(filepath.Dir(cfg.Journal.Path), 0o700); err != nil {
+		return fmt.Errorf("journal.path: %w", err)
+	}
 	syncMode, err := cfg.Journal.SyncMode()
 	if err != nil {
 		return configError(err)
