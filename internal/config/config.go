@@ -126,6 +126,10 @@ type Kafka struct {
 	TLS *TLS `yaml:"tls"`
 	// SASL, when present, authenticates to the brokers.
 	SASL *SASL `yaml:"sasl"`
+	// StartFrom is where a group that has committed nothing on a partition
+	// starts: earliest (the default: every record the topic still holds)
+	// or latest (only what is produced from then on).
+	StartFrom string `yaml:"start_from"`
 }
 
 // Retry bounds how often and how long a message is tried.

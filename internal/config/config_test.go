@@ -241,3 +241,25 @@ func TestLoadFile(t *testing.T) {
 		t.Fatalf("Load: %v", err)
 	}
 }
+
+// start_from is earliest or latest, and latest is refused with a
+// transactional transfer, whose commits go with copies only.
+func TestKafkaStartFrom(t *testing.T) {
+	for _, tt := range []struct {
+		kafka, problem string
+	}{
+		{`{brokers: ["127.0.0.1:9092"], topic: t, group: g}`, ""},
+		{`{brokers: ["127.0.0.1:9092"], topic: t, group: g, start_from: latest}`, ""},
+		{`{brokers: ["127.0.0.1:9092"], topic: t, group: g, start_from: newest}`, `sources[0].kafka.start_from: want earliest or latest, got "newest"`},
+		{`{brokers: ["127.0.0.1:9092"], topic: t, group: g, start_from: latest, transactional_transfer: true}`, "sources[0].kafka.start_from: latest needs"},
+	} {
+		y := "handler: {url: \"http://127.0.0.1:8080/events\"}\nsources:\n  - {name: a, kafka: " + tt.kafka + "}\n"
+		_, err := Parse([]byte(y))
+		switch {
+		case tt.problem == "" && err != nil:
+			t.Errorf("%s: %v", tt.kafka, err)
+		case tt.problem != "" && (err == nil || !strings.Contains(err.Error(), tt.problem)):
+			t.Errorf("%s: %v, want %q", tt.kafka, err, tt.problem)
+		}
+	}
+}

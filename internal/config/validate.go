@@ -212,6 +212,15 @@ func (k *Kafka) validate(path string, ps *Problems) {
 	if k.Ordering != "" && !k.Ordering.Valid() {
 		ps.add(path+".ordering", "want none, key or partition, got %q", k.Ordering)
 	}
+	switch k.StartFrom {
+	case "", "earliest":
+	case "latest":
+		if k.TransactionalTransfer {
+			ps.add(path+".start_from", "latest needs the end it starts from committed before the first record, and a transactional member commits only with a copy: use earliest with transactional_transfer")
+		}
+	default:
+		ps.add(path+".start_from", "want earliest or latest, got %q", k.StartFrom)
+	}
 	if k.MaxInFlight < 0 {
 		ps.add(path+".max_in_flight", "must not be negative")
 	}

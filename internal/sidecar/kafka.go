@@ -56,6 +56,7 @@ func kafkaSource(name string, k *config.Kafka, n sourceNeeds) (source, error) {
 		MaxMessageBytes:     n.maxMessageBytes,
 		Extra:               security,
 		Marks:               n.journal,
+		StartAtEnd:          k.StartFrom == "latest",
 		Logger:              n.log,
 	}
 	if k.TransactionalTransfer {

@@ -21,8 +21,10 @@ func TestSummarySaysWhatFlowed(t *testing.T) {
 	var b bytes.Buffer
 	inFlight := 0
 	s := summary{metrics: m, sources: []string{"orders", "idle"}, every: 30 * time.Second,
-		log:    slog.New(slog.NewTextHandler(&b, nil)),
-		status: func() dispatch.Status { return dispatch.Status{Routes: []dispatch.RouteStatus{{Name: "orders", InFlight: inFlight}}} }}
+		log: slog.New(slog.NewTextHandler(&b, nil)),
+		status: func() dispatch.Status {
+			return dispatch.Status{Routes: []dispatch.RouteStatus{{Name: "orders", InFlight: inFlight}}}
+		}}
 	last := map[string]telemetry.Totals{}
 	for range 5 {
 		m.Received("orders", false)

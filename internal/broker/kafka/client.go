@@ -73,6 +73,13 @@ type Options struct {
 	// after a crash), and its delivery says Redelivered. Kafka itself has no
 	// such flag.
 	Marks Marks
+	// StartAtEnd makes a group that has committed nothing on a partition of
+	// the topic start at its end, not its start: records produced before
+	// the group first consumed are not taken. The end found is committed at
+	// once, so that a crash before the first record settles does not move
+	// the start to a later end. Retry topics always start at their start.
+	// Not with TransactionalID, whose commits go with copies only.
+	StartAtEnd bool
 	// Extra are further client options (TLS, SASL, tests' timeouts).
 	Extra  []kgo.Opt
 	Logger *slog.Logger
@@ -237,6 +244,9 @@ func New(o Options) (*Client, error) {
 		kgo.OnPartitionsAssigned(c.assigned),
 		kgo.OnPartitionsRevoked(c.revoked),
 		kgo.OnPartitionsLost(c.revoked),
+	}
+	if o.StartAtEnd {
+		opts = append(opts, kgo.AdjustFetchOffsetsFn(c.startAtEnd))
 	}
 	if o.TransactionalID == "" {
 		opts = append(opts,
