@@ -11,7 +11,7 @@ VERSION    ?= 0.1.0
 # The version and commit a build says it is (sidecar --version, the
 # handoff_build_info metric): set here, since a machine may build with
 # -buildvcs=false.
-REVISION := $(shell git rev-parse --short=12 HEAD 2>/dev/null)$(shell git diff --quiet HEAD 2>/dev/null || echo -dirty)
+REVISION := $(shell r=$$(git rev-parse --short=12 HEAD 2>/dev/null) && { git diff --quiet HEAD 2>/dev/null || r=$$r-dirty; echo $$r; })
 LDFLAGS  := -X handoff.dev/handoff/internal/buildinfo.version=$(VERSION) -X handoff.dev/handoff/internal/buildinfo.revision=$(REVISION)
 
 build:

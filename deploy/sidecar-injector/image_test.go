@@ -81,7 +81,7 @@ func TestDockerfileBuildsWhatMakeBuilds(t *testing.T) {
 		t.Fatalf("make -n build: %v\n%s", err, out)
 	}
 	made := map[string]bool{}
-	for _, m := range regexp.MustCompile(`build -o (bin/\S+) `).FindAllStringSubmatch(string(out), -1) {
+	for _, m := range regexp.MustCompile(`build .*?-o (bin/\S+) `).FindAllStringSubmatch(string(out), -1) {
 		made[m[1]] = true
 	}
 	var targets []string
