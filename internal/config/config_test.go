@@ -263,3 +263,46 @@ func TestKafkaStartFrom(t *testing.T) {
 		}
 	}
 }
+
+// One pass says every problem: what does not decode and what does not
+// validate alike (a value that did not decode is left at its default, so
+// the rest is checked), each with its line, in the file's order.
+func TestEveryProblemInOnePassWithItsLine(t *testing.T) {
+	_, err := Parse([]byte(`handler:
+  url: 127.0.0.1:8080/events
+  timeout: fast
+sources:
+  - name: orders
+    rabbitmq:
+      url: amqp://guest:guest@127.0.0.1:5672/
+      queue: orders
+      prefetch: lots
+      prefetch: 5
+retry:
+  max_atempts: 3
+  tiers: [2s, 1s]
+`))
+	var ps Problems
+	if !errors.As(err, &ps) {
+		t.Fatalf("Parse: %v, want Problems", err)
+	}
+	want := []string{
+		`handler.url: want http://host:port/path (or https://, http+unix://, grpc://host:port), got "127.0.0.1:8080/events" (line 2)`,
+		`handler.timeout: invalid duration "fast"`,
+		`sources[0].rabbitmq.prefetch: cannot use "lots" as an integer (line 9)`,
+		`sources[0].rabbitmq.prefetch: duplicate key (first at line 9) (line 10)`,
+		`retry.max_atempts: unknown key`,
+		`retry.tiers[1]: tiers must be strictly ascending: 1s is not after 2s (line 13)`,
+	}
+	if len(ps) != len(want) {
+		t.Fatalf("%d problems, want %d:\n%v", len(ps), len(want), err)
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(ps[i].String(), w) {
+			t.Errorf("problem %d: %q, want %q", i, ps[i], w)
+		}
+	}
+	if ps[1].Line != 3 || ps[4].Line != 12 {
+		t.Errorf("lines %d and %d, want 3 and 12", ps[1].Line, ps[4].Line)
+	}
+}

@@ -12,13 +12,21 @@ import (
 type Problem struct {
 	Path    string
 	Message string
+	// Line is where in the file the problem is, or the nearest key above
+	// it that the file has; 0 when not known (a config not read from a
+	// file, a value from the environment).
+	Line int
 }
 
 func (p Problem) String() string {
-	if p.Path == "" {
-		return p.Message
+	s := p.Message
+	if p.Path != "" {
+		s = p.Path + ": " + s
 	}
-	return p.Path + ": " + p.Message
+	if p.Line > 0 {
+		s += fmt.Sprintf(" (line %d)", p.Line)
+	}
+	return s
 }
 
 // Problems is every problem found in a file. It is returned as an error by
@@ -36,7 +44,11 @@ func (ps Problems) Error() string {
 // add records a problem. Its message is redacted: it may quote a value from
 // the file, and a value in the wrong place can be a URL with a password.
 func (ps *Problems) add(path, format string, args ...any) {
-	*ps = append(*ps, Problem{Path: path, Message: redact.Text(fmt.Sprintf(format, args...))})
+	ps.addAt(0, path, format, args...)
+}
+
+func (ps *Problems) addAt(line int, path, format string, args ...any) {
+	*ps = append(*ps, Problem{Path: path, Message: redact.Text(fmt.Sprintf(format, args...)), Line: line})
 }
 
 func (ps Problems) err() error {

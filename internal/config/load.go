@@ -1,9 +1,11 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"os"
 	"reflect"
 	"slices"
@@ -41,93 +43,171 @@ func parse(data []byte, lookup func(string) (string, bool)) (Config, error) {
 		return Config{}, Problems{{Message: "empty config file"}}
 	}
 	doc := root.Content[0]
-	var ps Problems
-	check(doc, reflect.TypeFor[Config](), "", &ps)
-	if len(ps) > 0 {
-		return Config{}, ps
-	}
+	// One pass: what does not decode is reported and left at its default,
+	// so that the rest is decoded and validated too, and every problem is
+	// said at once, each with its line.
+	c := checker{lines: map[string]int{}}
+	c.check(doc, reflect.TypeFor[Config](), "")
+	ps := c.ps
 	if err := doc.Decode(&cfg); err != nil {
 		// check above should have found it; say so with what yaml knows.
-		return Config{}, Problems{{Message: err.Error()}}
+		return Config{}, append(ps, Problem{Message: err.Error()})
 	}
 	cfg.applySourceDefaults()
 	set, envProblems := cfg.applyEnv(lookup)
-	if len(envProblems) > 0 {
-		return cfg, envProblems
-	}
-	if err := cfg.Validate(); err != nil {
-		var ps Problems
-		if errors.As(err, &ps) && len(set) > 0 {
-			blameEnv(ps, set)
+	ps = append(ps, envProblems...)
+	if len(envProblems) == 0 {
+		if err := cfg.Validate(); err != nil {
+			var vps Problems
+			if !errors.As(err, &vps) {
+				return cfg, err
+			}
+			if len(set) > 0 {
+				blameEnv(vps, set)
+			}
+			for _, p := range vps {
+				if !reported(ps, p.Path) {
+					p.Line = c.lineOf(p.Path)
+					ps = append(ps, p)
+				}
+			}
 		}
-		return cfg, err
+	}
+	if len(ps) > 0 {
+		// In the file's order; what no line names (the environment's),
+		// last.
+		slices.SortStableFunc(ps, func(a, b Problem) int {
+			return cmp.Compare(lineOrder(a.Line), lineOrder(b.Line))
+		})
+		return cfg, ps
 	}
 	return cfg, nil
 }
 
+func lineOrder(l int) int {
+	if l == 0 {
+		return math.MaxInt
+	}
+	return l
+}
+
+// reported reports whether ps already has a problem at path, or above or
+// below it: a value that did not decode is not reported again for the
+// default left in its place.
+func reported(ps Problems, path string) bool {
+	for _, p := range ps {
+		if p.Path == path || strings.HasPrefix(path, p.Path+".") || strings.HasPrefix(path, p.Path+"[") ||
+			strings.HasPrefix(p.Path, path+".") || strings.HasPrefix(p.Path, path+"[") {
+			return true
+		}
+	}
+	return false
+}
+
+// checker walks the document against the schema.
+type checker struct {
+	ps Problems
+	// lines is the line of every path the file has.
+	lines map[string]int
+}
+
+// lineOf is the line of path in the file, or of the nearest key above it
+// there: a missing key's problem points at its parent.
+func (c *checker) lineOf(path string) int {
+	for path != "" {
+		if l, ok := c.lines[path]; ok {
+			return l
+		}
+		i := strings.LastIndexAny(path, ".[")
+		if i < 0 {
+			break
+		}
+		path = path[:i]
+	}
+	return 0
+}
+
 var unmarshalerType = reflect.TypeFor[yaml.Unmarshaler]()
 
-// check walks node against type t and records, with its path, every key the
-// schema does not have and every scalar that does not decode into its field.
-func check(n *yaml.Node, t reflect.Type, path string, ps *Problems) {
+// check walks node against type t and records, with its path and line,
+// every key the schema does not have and every scalar that does not decode
+// into its field; such a scalar is made null, so that decoding the document
+// leaves the default in its place.
+func (c *checker) check(n *yaml.Node, t reflect.Type, path string) {
 	if n.Kind == yaml.AliasNode {
 		n = n.Alias
+	}
+	if path != "" {
+		c.lines[path] = n.Line
 	}
 	if n.Tag == "!!null" {
 		return // an empty value leaves the default in place
 	}
 	if reflect.PointerTo(t).Implements(unmarshalerType) {
-		decodeLeaf(n, t, path, ps)
+		c.decodeLeaf(n, t, path)
 		return
 	}
 	switch t.Kind() {
 	case reflect.Pointer:
-		check(n, t.Elem(), path, ps)
+		c.check(n, t.Elem(), path)
 	case reflect.Struct:
 		if n.Kind != yaml.MappingNode {
-			ps.add(path, "want a mapping, got %s", describe(n))
+			c.ps.addAt(n.Line, path, "want a mapping, got %s", describe(n))
+			nullify(n)
 			return
 		}
 		fields := yamlFields(t)
 		seen := make(map[string]int, len(n.Content)/2)
+		kept := n.Content[:0:0]
+		defer func() { n.Content = kept }() // without the duplicates, which do not decode
 		for i := 0; i+1 < len(n.Content); i += 2 {
-			key, val := n.Content[i].Value, n.Content[i+1]
+			k, val := n.Content[i], n.Content[i+1]
+			key := k.Value
 			if line, dup := seen[key]; dup {
-				ps.add(join(path, key), "duplicate key (first at line %d)", line)
+				c.ps.addAt(k.Line, join(path, key), "duplicate key (first at line %d)", line)
 				continue
 			}
-			seen[key] = n.Content[i].Line
+			kept = append(kept, k, val)
+			seen[key] = k.Line
 			f, ok := fields[key]
 			if !ok {
-				ps.add(join(path, key), "unknown key (known: %s)", strings.Join(sortedKeys(fields), ", "))
+				c.ps.addAt(k.Line, join(path, key), "unknown key (known: %s)", strings.Join(sortedKeys(fields), ", "))
 				continue
 			}
-			check(val, f.Type, join(path, key), ps)
+			c.check(val, f.Type, join(path, key))
 		}
 	case reflect.Slice:
 		if n.Kind != yaml.SequenceNode {
-			ps.add(path, "want a list, got %s", describe(n))
+			c.ps.addAt(n.Line, path, "want a list, got %s", describe(n))
+			nullify(n)
 			return
 		}
 		for i, item := range n.Content {
-			check(item, t.Elem(), fmt.Sprintf("%s[%d]", path, i), ps)
+			c.check(item, t.Elem(), fmt.Sprintf("%s[%d]", path, i))
 		}
 	case reflect.Map:
 		if n.Kind != yaml.MappingNode {
-			ps.add(path, "want a mapping, got %s", describe(n))
+			c.ps.addAt(n.Line, path, "want a mapping, got %s", describe(n))
+			nullify(n)
 			return
 		}
 		for i := 0; i+1 < len(n.Content); i += 2 {
-			check(n.Content[i+1], t.Elem(), join(path, n.Content[i].Value), ps)
+			c.check(n.Content[i+1], t.Elem(), join(path, n.Content[i].Value))
 		}
 	default:
-		decodeLeaf(n, t, path, ps)
+		c.decodeLeaf(n, t, path)
 	}
 }
 
-func decodeLeaf(n *yaml.Node, t reflect.Type, path string, ps *Problems) {
+// nullify makes n an empty value, which decodes to nothing.
+func nullify(n *yaml.Node) {
+	*n = yaml.Node{Kind: yaml.ScalarNode, Tag: "!!null", Line: n.Line, Column: n.Column}
+}
+
+func (c *checker) decodeLeaf(n *yaml.Node, t reflect.Type, path string) {
 	if n.Kind != yaml.ScalarNode {
-		ps.add(path, "want a single value, got %s", describe(n))
+		c.ps.addAt(n.Line, path, "want a single value, got %s", describe(n))
+		nullify(n)
 		return
 	}
 	v := reflect.New(t)
@@ -137,7 +217,8 @@ func decodeLeaf(n *yaml.Node, t reflect.Type, path string, ps *Problems) {
 		if errors.As(err, &te) && len(te.Errors) > 0 {
 			msg = fmt.Sprintf("cannot use %q as %s", n.Value, kindName(t))
 		}
-		ps.add(path, "%s", strings.TrimPrefix(msg, "yaml: "))
+		c.ps.addAt(n.Line, path, "%s", strings.TrimPrefix(msg, "yaml: "))
+		nullify(n)
 	}
 }
 

@@ -127,6 +127,10 @@ func (c *Config) Validate() error {
 func (h *Handler) validate(ps *Problems) {
 	if _, err := url.Parse(h.URL); h.URL == "" {
 		ps.add("handler.url", "required")
+	} else if !strings.Contains(h.URL, "://") {
+		// 127.0.0.1:8080/events: net/url's words for it ("first path
+		// segment in URL cannot contain colon") say nothing of the fix.
+		ps.add("handler.url", "want http://host:port/path (or https://, http+unix://, grpc://host:port), got %q", redact.URL(h.URL))
 	} else if err != nil {
 		ps.add("handler.url", "%s", notAURL(h.URL, err))
 	} else if _, err := handler.ParseURL(h.URL); err != nil {
