@@ -65,7 +65,17 @@ func ReplaySummary(w io.Writer, r *adminv1.Replay) {
 		// Their state is unchanged: a later run may take them.
 		fmt.Fprintf(w, ", %d left unpublished", p.GetRemaining())
 	}
+	if n := Pending(r); n > 0 {
+		fmt.Fprintf(w, "; %d published copies' outcomes not known yet (sidecar replay status %s shows them as they come)", n, Shown(r.GetId()))
+	}
 	fmt.Fprintln(w)
+}
+
+// Pending is how many of a replay's published copies have no outcome yet:
+// the app has not answered them, or the answer is not recorded.
+func Pending(r *adminv1.Replay) int64 {
+	p := r.GetProgress()
+	return max(p.GetPublished()-p.GetHandled()-p.GetFailed(), 0)
 }
 
 // Replay prints a replay for a reader.
