@@ -38,7 +38,7 @@ const defaultAdmin = "127.0.0.1:9400"
 
 func (f *adminFlags) add(cmd *cobra.Command) {
 	f.cmd = cmd
-	cmd.Flags().StringVar(&f.addr, "admin", defaultAdmin, "the sidecar's admin API address (default: --config's admin.listen, else $HANDOFF_ADMIN_ADDR or $HANDOFF_ADMIN_LISTEN, else "+defaultAdmin+")")
+	cmd.Flags().StringVar(&f.addr, "admin", "", "the sidecar's admin API address (default: --config's admin.listen, else $HANDOFF_ADMIN_ADDR or $HANDOFF_ADMIN_LISTEN, else "+defaultAdmin+")")
 	cmd.Flags().StringVar(&f.tokenFile, "token-file", "", "file holding the admin API's bearer token (default: --config's admin token, else $HANDOFF_ADMIN_TOKEN or $HANDOFF_ADMIN_TOKEN_FILE)")
 	cmd.Flags().StringVarP(&f.config, "config", "c", "", "the sidecar's config file: its admin.listen and admin token are used")
 	cmd.Flags().StringVarP(&f.output, "output", "o", "text", "text or json")
@@ -109,6 +109,8 @@ func (f *adminFlags) resolve() ([]byte, error) {
 			f.addr = os.Getenv("HANDOFF_ADMIN_ADDR")
 		case os.Getenv("HANDOFF_ADMIN_LISTEN") != "":
 			f.addr = dialable(os.Getenv("HANDOFF_ADMIN_LISTEN"))
+		default:
+			f.addr = defaultAdmin
 		}
 	}
 	// from names where the token came from, for an error about it.
@@ -201,7 +203,9 @@ func writeJSON(w io.Writer, m proto.Message) error {
 func statusCmd() *cobra.Command {
 	var f adminFlags
 	cmd := &cobra.Command{
-		Use:   "status [--admin ADDR] [--token-file FILE]",
+		Use: "status [--admin ADDR] [--token-file FILE]",
+		Example: `  sidecar status --config /etc/handoff/handoff.yaml
+  sidecar status --admin 127.0.0.1:9400 --token-file /etc/handoff/admin.token -o json`,
 		Short: "Show what a running sidecar is doing: sources, calls, retry budget, journal",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -225,7 +229,9 @@ func statusCmd() *cobra.Command {
 func eventsCmd() *cobra.Command {
 	var f adminFlags
 	cmd := &cobra.Command{
-		Use:   "events SOURCE EVENT_ID [--admin ADDR] [--token-file FILE]",
+		Use: "events SOURCE EVENT_ID [--admin ADDR] [--token-file FILE]",
+		Example: `  sidecar events orders order-1 --config /etc/handoff/handoff.yaml
+  sidecar events payments 'kafka:payments/0/42' -o json`,
 		Short: "Print an event's hand-offs from a running sidecar's journal, each with its timeline",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
 	"handoff.dev/handoff/internal/broker/brokertest"
 	"handoff.dev/handoff/internal/testkit"
 )
@@ -315,4 +316,25 @@ func TestLogDurationsAsText(t *testing.T) {
 			t.Errorf("%s: %s", format, b.String())
 		}
 	}
+}
+
+// Every command a person runs shows examples in its help, and only run,
+// whose log they set, has the log flags.
+func TestEveryCommandHasExamples(t *testing.T) {
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		for _, sub := range c.Commands() {
+			if sub.Hidden || sub.Name() == "help" || sub.Name() == "completion" {
+				continue
+			}
+			if sub.Runnable() && strings.TrimSpace(sub.Example) == "" {
+				t.Errorf("%s has no examples", sub.CommandPath())
+			}
+			if has := sub.Flags().Lookup("log-level") != nil; has != (sub.Name() == "run") {
+				t.Errorf("%s: log flags %v", sub.CommandPath(), has)
+			}
+			walk(sub)
+		}
+	}
+	walk(rootCmd())
 }

@@ -16,7 +16,10 @@ import (
 func devCmd() *cobra.Command {
 	var o dev.Options
 	cmd := &cobra.Command{
-		Use:   "dev",
+		Use: "dev",
+		Example: `  sidecar dev
+  sidecar dev --handler grpc --messages 12 --every 20ms --exit-when-done
+  sidecar dev --app http://127.0.0.1:8080/events --batch 4`,
 		Short: "Run the whole pipeline on an embedded Kafka with a demo producer and a demo app that fails some messages",
 		Long: `dev starts an in-process Kafka cluster, a demo app on loopback that answers
 most orders 200, fails some transiently (503, then 200) and rejects some (422),

@@ -42,7 +42,10 @@ func refuseBadFlags(cmd *cobra.Command) *cobra.Command {
 
 func dlqCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "dlq",
+		Use: "dlq",
+		Example: `  sidecar dlq list --state pending --since 1h
+  sidecar dlq show orders.dlq/3
+  sidecar dlq approve orders.dlq/3 --reason "price list fixed (PAY-1431)"`,
 		Short: "List, show, approve and terminate a running sidecar's dead letters",
 	}
 	cmd.AddCommand(dlqListCmd(), dlqShowCmd(), dlqChangeCmd(deadletter.Approve), dlqChangeCmd(deadletter.Terminate))
@@ -115,7 +118,10 @@ func dlqListCmd() *cobra.Command {
 		all   bool
 	)
 	cmd := &cobra.Command{
-		Use:   "list [--source S] [--state S]... [--reason R] [--since T] [--until T] [--limit N] [--all]",
+		Use: "list [--source S] [--state S]... [--dead-reason R] [--since T] [--until T] [--limit N] [--all]",
+		Example: `  sidecar dlq list
+  sidecar dlq list --source payments --state pending --dead-reason permanent --since 2h
+  sidecar dlq list --all -o json`,
 		Short: "List dead letters, then each source's open count and oldest open age",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -172,7 +178,9 @@ func dlqShowCmd() *cobra.Command {
 		bodyLimit int
 	)
 	cmd := &cobra.Command{
-		Use:   "show ID [--body-limit N]",
+		Use: "show ID [--body-limit N]",
+		Example: `  sidecar dlq show orders.dlq/3
+  sidecar dlq show payments.payments-handler.dlq/0/17 --body-limit 65536`,
 		Short: "Show a dead letter: evidence, headers, body, repair, ledger history and attempt timeline",
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -204,7 +212,11 @@ func dlqChangeCmd(t deadletter.Transition) *cobra.Command {
 		repairBody, repairFile, repairCT, rn string
 	)
 	cmd := &cobra.Command{
-		Use:  string(t) + " ID... --reason R [--operator NAME]",
+		Use: string(t) + " ID... --reason R [--operator NAME]",
+		Example: map[deadletter.Transition]string{
+			deadletter.Approve:   "  sidecar dlq approve orders.dlq/3 --reason \"product added\"\n  sidecar dlq approve orders.dlq/3 --reason \"total fixed\" --repair-body '{\"total\": \"12.50\"}' --repair-note \"PAY-1431\"",
+			deadletter.Terminate: "  sidecar dlq terminate orders.dlq/9 --reason \"a load-test order, not a real one\"",
+		}[t],
 		Args: usageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if strings.TrimSpace(reason) == "" {

@@ -22,7 +22,10 @@ var followEvery = 500 * time.Millisecond
 
 func replayCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "replay",
+		Use: "replay",
+		Example: `  sidecar replay start --source orders --dry-run
+  sidecar replay start --source orders --sample 5 --reason "fix deployed" --follow
+  sidecar replay list`,
 		Short: "Start, follow, list and cancel replays of a running sidecar's dead letters",
 	}
 	cmd.AddCommand(replayStartCmd(), replayStatusCmd(), replayListCmd(), replayCancelCmd())
@@ -42,6 +45,9 @@ func replayStartCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use: "start [ID...] [--source S --dead-reason R --since T --until T --state S] [--rate N] [--batch-size N] [--sample N] " +
 			"[--stop-failure-ratio X] [--force] [--dry-run] [--reason WHY] [--follow]",
+		Example: `  sidecar replay start --source orders --dry-run
+  sidecar replay start --source orders --dead-reason permanent --since 2h --sample 5 --reason "fix deployed" --follow
+  sidecar replay start orders.dlq/3 orders.dlq/5 --force --rate 2 --reason "checked by hand"`,
 		Short: "Replay dead letters to their source: by id, or a selection (approved ones unless --force)",
 		RunE: func(cmd *cobra.Command, ids []string) error {
 			switch {
@@ -228,9 +234,10 @@ func replayStatusCmd() *cobra.Command {
 		foll bool
 	)
 	cmd := &cobra.Command{
-		Use:   "status ID [--follow]",
-		Short: "Show a replay's state and progress",
-		Args:  usageArgs(cobra.ExactArgs(1)),
+		Use:     "status ID [--follow]",
+		Example: `  sidecar replay status replay-20261201T174204Z-d42013a3 --follow`,
+		Short:   "Show a replay's state and progress",
+		Args:    usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if foll {
 				c, done, err := f.client()
@@ -264,9 +271,10 @@ func replayListCmd() *cobra.Command {
 		source string
 	)
 	cmd := &cobra.Command{
-		Use:   "list [--source S]",
-		Short: "List the replays the ledgers hold, newest first",
-		Args:  usageArgs(cobra.NoArgs),
+		Use:     "list [--source S]",
+		Example: `  sidecar replay list --source orders`,
+		Short:   "List the replays the ledgers hold, newest first",
+		Args:    usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			m, err := f.call(cmd.Context(), func(ctx context.Context, c adminv1.AdminClient) (proto.Message, error) {
 				return c.ListReplays(ctx, &adminv1.ListReplaysRequest{Source: source})
@@ -292,9 +300,10 @@ func replayCancelCmd() *cobra.Command {
 		reason, operator string
 	)
 	cmd := &cobra.Command{
-		Use:   "cancel ID [--reason R]",
-		Short: "Stop a replay; what it published stays published",
-		Args:  usageArgs(cobra.ExactArgs(1)),
+		Use:     "cancel ID [--reason R]",
+		Example: `  sidecar replay cancel replay-20261201T174204Z-d42013a3 --reason "want a sample first"`,
+		Short:   "Stop a replay; what it published stays published",
+		Args:    usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			m, err := f.call(cmd.Context(), func(ctx context.Context, c adminv1.AdminClient) (proto.Message, error) {
 				return c.CancelReplay(ctx, &adminv1.CancelReplayRequest{Id: args[0], Reason: reason, Operator: operator})

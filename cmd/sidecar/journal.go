@@ -13,7 +13,9 @@ import (
 
 func journalCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "journal",
+		Use: "journal",
+		Example: `  sidecar journal events --event order-1
+  sidecar journal repair --path /var/lib/handoff/handoff.db`,
 		Short: "Read, repair or reset a hand-off journal file (the sidecar must be stopped)",
 	}
 	cmd.AddCommand(journalEventsCmd(), journalRepairCmd(), journalResetCmd())
@@ -27,7 +29,10 @@ func journalEventsCmd() *cobra.Command {
 		since        time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "events --path FILE [--event ID | --open | --since DURATION]",
+		Use: "events --path FILE [--event ID | --open | --since DURATION]",
+		Example: `  sidecar journal events --event order-1
+  sidecar journal events --open
+  sidecar journal events --since 15m --json`,
 		Short: "Print hand-off timelines: received, each attempt with outcome and latency, copies, confirms, settle",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -71,9 +76,10 @@ func journalEventsCmd() *cobra.Command {
 func journalRepairCmd() *cobra.Command {
 	var path string
 	cmd := &cobra.Command{
-		Use:   "repair --path FILE",
-		Short: "Move a damaged journal aside and rebuild it from every record that can be read",
-		Args:  cobra.NoArgs,
+		Use:     "repair --path FILE",
+		Example: `  sidecar journal repair --path /var/lib/handoff/handoff.db`,
+		Short:   "Move a damaged journal aside and rebuild it from every record that can be read",
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			rep, err := journal.Repair(path)
 			if rep.Aside != "" {
@@ -96,9 +102,10 @@ func journalRepairCmd() *cobra.Command {
 func journalResetCmd() *cobra.Command {
 	var path string
 	cmd := &cobra.Command{
-		Use:   "reset --path FILE",
-		Short: "Move the journal aside and start an empty one (the broker still holds every unacked message)",
-		Args:  cobra.NoArgs,
+		Use:     "reset --path FILE",
+		Example: `  sidecar journal reset --path /var/lib/handoff/handoff.db`,
+		Short:   "Move the journal aside and start an empty one (the broker still holds every unacked message)",
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			aside, err := journal.Reset(path)
 			if err != nil {

@@ -87,8 +87,6 @@ func rootCmd() *cobra.Command {
 		SilenceErrors: true,
 		Version:       buildinfo.Get().String(),
 	}
-	root.PersistentFlags().String("log-level", "info", "debug, info, warn or error")
-	root.PersistentFlags().String("log-format", "", "text or json (default: text on a terminal, json otherwise, where a log collector reads it)")
 	root.AddCommand(runCmd(), validateCmd(), declareCmd(), publishCmd(), journalCmd(), devCmd(), statusCmd(), eventsCmd(), dlqCmd(), replayCmd())
 	return root
 }

@@ -18,7 +18,9 @@ import (
 func runCmd() *cobra.Command {
 	var path, cpuProfile, allocProfile string
 	cmd := &cobra.Command{
-		Use:   "run --config FILE",
+		Use: "run --config FILE",
+		Example: `  sidecar run --config handoff.yaml
+  HANDOFF_JOURNAL_PATH=/var/lib/handoff/handoff.db sidecar run --config /etc/handoff/handoff.yaml --log-format json`,
 		Short: "Consume every configured source and hand each message to the app",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -63,6 +65,9 @@ func runCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVarP(&path, "config", "c", "", "config file (required)")
+	// The run's log only: the other commands answer on stdout and stderr.
+	cmd.Flags().String("log-level", "info", "debug, info, warn or error")
+	cmd.Flags().String("log-format", "", "text or json (default: text on a terminal, json otherwise, where a log collector reads it)")
 	cmd.Flags().StringVar(&cpuProfile, "cpu-profile", "", "write a CPU profile (pprof) of the whole run to this file")
 	cmd.Flags().StringVar(&allocProfile, "alloc-profile", "", "write a profile (pprof) of the run's allocations to this file when it stops")
 	_ = cmd.MarkFlagRequired("config")

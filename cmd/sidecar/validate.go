@@ -15,9 +15,10 @@ import (
 func validateCmd() *cobra.Command {
 	var path string
 	cmd := &cobra.Command{
-		Use:   "validate --config FILE",
-		Short: "Check a config file and print every problem with its YAML path",
-		Args:  cobra.NoArgs,
+		Use:     "validate --config FILE",
+		Example: `  sidecar validate --config handoff.yaml`,
+		Short:   "Check a config file and print every problem with its YAML path",
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := loadConfig(path)
 			if err != nil {
