@@ -46,7 +46,7 @@ func defaultConfig() Config {
 		Resources: corev1.ResourceRequirements{
 			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
 			// The Kafka worst case with the sidecar's defaults is about
-			// 330 MiB (345 MiB measured, README "Configuration"): 256 records
+			// 330 MiB (345 MiB measured, docs/configuration.md): 256 records
 			// handed out, the bodies of 64 calls in flight, a fetch.
 			Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("512Mi")},
 		},

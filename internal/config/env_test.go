@@ -173,17 +173,17 @@ func TestDrainTimeoutFromEnv(t *testing.T) {
 	wantProblem(t, err, "shutdown.drain_timeout: must not be negative (set by HANDOFF_DRAIN_TIMEOUT)")
 }
 
-// The README's table of environment variables names every one the config
-// reads: a variable the injector sets and no page explains is a setting
-// nobody can find.
-func TestREADMEListsEveryEnvVariable(t *testing.T) {
-	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+// docs/configuration.md's table of environment variables names every one
+// the config reads: a variable the injector sets and no page explains is a
+// setting nobody can find.
+func TestDocsListEveryEnvVariable(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join("..", "..", "docs", "configuration.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, v := range EnvNames() {
 		if !strings.Contains(string(readme), "| `"+v[0]+"` |") {
-			t.Errorf("README.md has no row for %s (%s)", v[0], v[1])
+			t.Errorf("docs/configuration.md has no row for %s (%s)", v[0], v[1])
 		}
 	}
 }

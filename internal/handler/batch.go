@@ -22,7 +22,7 @@ const maxBatchResponse = 16 << 20
 
 // Batcher delivers attempts to the app several at a time, in one request of
 // its BatchSender: over HTTP one POST in CloudEvents batched mode (a JSON
-// array of structured events, see the README for the format), over gRPC one
+// array of structured events, see docs/app.md for the format), over gRPC one
 // HandleBatch call; either is answered by one outcome per event. Each
 // attempt still gets its own Result, so every message keeps its own outcome,
 // attempt count, retry and dead-letter path; a batch that fails as a whole is

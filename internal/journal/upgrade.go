@@ -33,7 +33,7 @@ const idLen = 8
 // current one: every hand-off's records, its instance id and its marks go
 // into a new file beside it, which then takes the journal's place. The old
 // file is kept beside it as path.format<N>, untouched: it is what a
-// rollback to the earlier release opens (see the README). A crash part way
+// rollback to the earlier release opens (see docs/journal.md). A crash part way
 // leaves the old journal where it was, and the next start begins again.
 func upgradeFile(path string, format uint32, o Options) (err error) {
 	o.Logger.Info("upgrading the journal to a new format", "path", path, "from", format, "to", formatVersion)
