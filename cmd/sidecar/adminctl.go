@@ -4,21 +4,15 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	adminv1 "handoff.dev/handoff/api/admin/v1"
-	"handoff.dev/handoff/internal/admin"
+	"handoff.dev/handoff/internal/adminclient"
 	"handoff.dev/handoff/internal/config"
 	"handoff.dev/handoff/internal/report"
 )
@@ -33,12 +27,9 @@ type adminFlags struct {
 	tokenFrom string
 }
 
-// defaultAdmin is admin.listen's default.
-const defaultAdmin = "127.0.0.1:9400"
-
 func (f *adminFlags) add(cmd *cobra.Command) {
 	f.cmd = cmd
-	cmd.Flags().StringVar(&f.addr, "admin", "", "the sidecar's admin API address (default: --config's admin.listen, else $HANDOFF_ADMIN_ADDR or $HANDOFF_ADMIN_LISTEN, else "+defaultAdmin+")")
+	cmd.Flags().StringVar(&f.addr, "admin", "", "the sidecar's admin API address (default: --config's admin.listen, else $HANDOFF_ADMIN_ADDR or $HANDOFF_ADMIN_LISTEN, else "+adminclient.DefaultAddr+")")
 	cmd.Flags().StringVar(&f.tokenFile, "token-file", "", "file holding the admin API's bearer token (default: --config's admin token, else $HANDOFF_ADMIN_TOKEN or $HANDOFF_ADMIN_TOKEN_FILE)")
 	cmd.Flags().StringVarP(&f.config, "config", "c", "", "the sidecar's config file: its admin.listen and admin token are used")
 	cmd.Flags().StringVarP(&f.output, "output", "o", "text", "text or json")
@@ -57,13 +48,8 @@ func (f *adminFlags) call(ctx context.Context, fn func(context.Context, adminv1.
 	return fn(ctx, c)
 }
 
-// maxAnswer bounds an answer the CLI takes: a dead letter's body (1 MiB at
-// most) with its history, whose approvals may each carry a repaired body.
-const maxAnswer = 32 << 20
-
-// client dials the admin API; done closes the connection. The connection
-// is plain h2c, as the admin listener serves it. Each call bounds its own
-// wait (--timeout).
+// client dials the admin API; done closes the connection. Each call bounds
+// its own wait (--timeout).
 func (f *adminFlags) client() (c adminv1.AdminClient, done func(), err error) {
 	if f.output != "text" && f.output != "json" {
 		return nil, nil, &exitError{code: exitConfig, err: fmt.Errorf("--output: want text or json, got %q", f.output)}
@@ -72,25 +58,11 @@ func (f *adminFlags) client() (c adminv1.AdminClient, done func(), err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxAnswer)),
-		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-			return f.explain(invoker(ctx, method, req, reply, cc, opts...))
-		})}
-	if tok != nil {
-		opts = append(opts, grpc.WithPerRPCCredentials(bearer(tok)))
-	}
-	conn, err := grpc.NewClient("passthrough:///"+f.addr, opts...)
-	if err != nil {
-		return nil, nil, err
-	}
-	return adminv1.NewAdminClient(conn), func() { _ = conn.Close() }, nil
+	return adminclient.Dial(adminclient.Target{Addr: f.addr, Token: tok, TokenFrom: f.tokenFrom, Timeout: f.timeout})
 }
 
-// resolve settles the address and the token: a flag given wins, then the
-// config file's admin block (with its HANDOFF_* overrides), then the
-// environment a sidecar container has, then the default address and no
-// token.
+// resolve settles the address and the token (adminclient.Resolve), from
+// the flags given, --config and the environment.
 func (f *adminFlags) resolve() ([]byte, error) {
 	changed := func(name string) bool { return f.cmd != nil && f.cmd.Flags().Changed(name) }
 	var cfgAdmin *config.Admin
@@ -101,94 +73,20 @@ func (f *adminFlags) resolve() ([]byte, error) {
 		}
 		cfgAdmin = &cfg.Admin
 	}
-	if !changed("admin") {
-		switch {
-		case cfgAdmin != nil:
-			f.addr = dialable(cfgAdmin.Listen)
-		case os.Getenv("HANDOFF_ADMIN_ADDR") != "":
-			f.addr = os.Getenv("HANDOFF_ADMIN_ADDR")
-		case os.Getenv("HANDOFF_ADMIN_LISTEN") != "":
-			f.addr = dialable(os.Getenv("HANDOFF_ADMIN_LISTEN"))
-		default:
-			f.addr = defaultAdmin
-		}
+	in := adminclient.Given{Config: cfgAdmin, Getenv: os.Getenv}
+	if changed("admin") {
+		in.Addr = f.addr
 	}
-	// from names where the token came from, for an error about it.
-	readFile := func(path, from string) ([]byte, error) {
-		tok, err := admin.ReadToken(path)
-		if err != nil {
-			return nil, &exitError{code: exitConfig, err: fmt.Errorf("%s: %w", from, err)}
-		}
-		f.tokenFrom = from
-		return tok, nil
+	if changed("token-file") {
+		in.TokenFile = f.tokenFile
 	}
-	switch {
-	case changed("token-file"):
-		return readFile(f.tokenFile, "--token-file "+f.tokenFile)
-	case cfgAdmin != nil && cfgAdmin.Token != "":
-		f.tokenFrom = "$HANDOFF_ADMIN_TOKEN (which overrides --config's admin.token_file)"
-		return []byte(cfgAdmin.Token), nil
-	case cfgAdmin != nil && cfgAdmin.TokenFile != "":
-		return readFile(cfgAdmin.TokenFile, cfgAdmin.TokenFile+" (--config's admin.token_file)")
-	case cfgAdmin != nil:
-		return nil, nil
-	case os.Getenv("HANDOFF_ADMIN_TOKEN") != "":
-		f.tokenFrom = "$HANDOFF_ADMIN_TOKEN"
-		return []byte(strings.TrimSpace(os.Getenv("HANDOFF_ADMIN_TOKEN"))), nil
-	case os.Getenv("HANDOFF_ADMIN_TOKEN_FILE") != "":
-		path := os.Getenv("HANDOFF_ADMIN_TOKEN_FILE")
-		return readFile(path, path+" ($HANDOFF_ADMIN_TOKEN_FILE)")
-	}
-	return nil, nil
-}
-
-// dialable is where a client reaches a listener bound to addr: a listener
-// on every interface (":9400", "0.0.0.0:9400") is reached on loopback.
-func dialable(addr string) string {
-	host, port, err := net.SplitHostPort(addr)
+	t, err := adminclient.Resolve(in)
 	if err != nil {
-		return addr
+		return nil, &exitError{code: exitConfig, err: err}
 	}
-	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
-		return net.JoinHostPort("127.0.0.1", port)
-	}
-	return addr
+	f.addr, f.tokenFrom = t.Addr, t.TokenFrom
+	return t.Token, nil
 }
-
-// explain words a refusal or an unreachable API as what to check, keeping
-// its code (a command may act on it).
-func (f *adminFlags) explain(err error) error {
-	st, ok := grpcstatus.FromError(err)
-	if !ok {
-		return err
-	}
-	var msg string
-	switch st.Code() {
-	case codes.Unauthenticated:
-		if f.tokenFrom == "" {
-			msg = fmt.Sprintf("the admin API at %s wants a token, and none was given: pass --token-file FILE or --config FILE (the sidecar's), or set HANDOFF_ADMIN_TOKEN", f.addr)
-		} else {
-			msg = fmt.Sprintf("the admin API at %s refused the token from %s: check that it is the token the sidecar reads, from its admin.token_file", f.addr, f.tokenFrom)
-		}
-	case codes.Unavailable:
-		msg = fmt.Sprintf("no admin API answers at %s: check that the sidecar is running, that its admin API is on (admin.token_file set) and that admin.listen is this address (--admin ADDR or --config FILE say where to ask); %s", f.addr, st.Message())
-	case codes.DeadlineExceeded:
-		msg = fmt.Sprintf("no answer from the admin API at %s within --timeout %v", f.addr, f.timeout)
-	default:
-		return err
-	}
-	return grpcstatus.Error(st.Code(), msg)
-}
-
-// bearer sends the token with every call. The admin listener has no TLS:
-// the token may travel in clear, to loopback.
-type bearer []byte
-
-func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	return map[string]string{"authorization": "Bearer " + string(b)}, nil
-}
-
-func (bearer) RequireTransportSecurity() bool { return false }
 
 // writeJSON writes m as the REST API answers it.
 func writeJSON(w io.Writer, m proto.Message) error {

@@ -2,23 +2,17 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"io"
 	"os"
 	"time"
 
-	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	adminv1 "handoff.dev/handoff/api/admin/v1"
-	"handoff.dev/handoff/internal/deadletter"
+	"handoff.dev/handoff/internal/adminclient"
 	"handoff.dev/handoff/internal/report"
 )
-
-// followEvery is how often --follow asks for a replay's progress.
-var followEvery = 500 * time.Millisecond
 
 func replayCmd() *cobra.Command {
 	cmd := &cobra.Command{
@@ -117,7 +111,9 @@ func replayStartCmd() *cobra.Command {
 // followAndReport follows a replay to its end, then prints it: a summary,
 // or the final Replay as JSON.
 func followAndReport(cmd *cobra.Command, f *adminFlags, c adminv1.AdminClient, id string) error {
-	r, err := followReplay(cmd.Context(), c, f.timeout, id, cmd.ErrOrStderr())
+	bar := cmd.ErrOrStderr()
+	file, ok := bar.(*os.File)
+	r, err := adminclient.Follow(cmd.Context(), c, f.timeout, id, bar, ok && isTerminal(file))
 	if err != nil {
 		return err
 	}
@@ -127,106 +123,6 @@ func followAndReport(cmd *cobra.Command, f *adminFlags, c adminv1.AdminClient, i
 	report.ReplaySummary(cmd.OutOrStdout(), r)
 	return nil
 }
-
-// followReplay asks for a replay's progress every followEvery, drawing it on
-// bar (stderr: a bar on a terminal, a line every few seconds otherwise),
-// until the replay ends and its published copies' outcomes are known, or
-// outcomesWait after it ended; it returns the replay as it was last read.
-// Cancelling ctx stops following, not the replay.
-func followReplay(ctx context.Context, c adminv1.AdminClient, timeout time.Duration, id string, bar io.Writer) (*adminv1.Replay, error) {
-	var (
-		pb       *progressbar.ProgressBar
-		lastLine time.Time
-		ended    time.Time
-		first    *followPoint // the first publish seen, for a rate before the sidecar has one
-	)
-	terminal := false
-	if f, ok := bar.(*os.File); ok {
-		terminal = isTerminal(f)
-	}
-	defer func() {
-		if pb != nil {
-			_ = pb.Exit()
-			fmt.Fprintln(bar)
-		}
-	}()
-	tick := time.NewTicker(followEvery)
-	defer tick.Stop()
-	for {
-		actx, cancel := context.WithTimeout(ctx, timeout)
-		r, err := c.GetReplay(actx, &adminv1.GetReplayRequest{Id: id})
-		cancel()
-		if err != nil {
-			return nil, err
-		}
-		p := r.GetProgress()
-		now := time.Now()
-		if first == nil && p.GetPublished() > 0 {
-			first = &followPoint{at: now, published: p.GetPublished()}
-		}
-		if p.GetRate() == 0 && first != nil && now.Sub(first.at) > time.Second {
-			// The sidecar's rate is over its last seconds of publishing,
-			// and says 0 until it has them.
-			r = proto.Clone(r).(*adminv1.Replay)
-			r.Progress.Rate = float64(p.GetPublished()-first.published) / now.Sub(first.at).Seconds()
-		}
-		switch {
-		case terminal && pb == nil && p.GetSelected() > 0:
-			pb = progressbar.NewOptions64(p.GetSelected(),
-				progressbar.OptionSetWriter(bar),
-				progressbar.OptionSetWidth(30),
-				progressbar.OptionShowCount(),
-				progressbar.OptionSetPredictTime(false), // the sidecar's ETA, at the run's rate, is shown instead
-				progressbar.OptionSetDescription("replay "+report.Shown(id)),
-			)
-		case !terminal && now.Sub(lastLine) >= followLineEvery:
-			progressLine(bar, r)
-			lastLine = now
-		}
-		if pb != nil {
-			pb.Describe(report.Progress(r))
-			_ = pb.Set64(p.GetPublished())
-		}
-		if r.GetState() != string(deadletter.RunRunning) {
-			if ended.IsZero() {
-				ended = now
-			}
-			// Ended: its copies are published; their outcomes come as
-			// the app answers them.
-			if report.Pending(r) == 0 || now.Sub(ended) >= outcomesWait {
-				if !terminal && lastLine != now {
-					progressLine(bar, r) // the last word, whenever the one before was
-				}
-				return r, nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("stopped following replay %s, which goes on (sidecar replay status %s --follow): %w", id, id, ctx.Err())
-		case <-tick.C:
-		}
-	}
-}
-
-// progressLine is the progress as a line, where no bar can be drawn.
-func progressLine(w io.Writer, r *adminv1.Replay) {
-	p := r.GetProgress()
-	fmt.Fprintf(w, "%s: published %d of %d, handled %d, failed %d\n", report.Progress(r), p.GetPublished(), p.GetSelected(), p.GetHandled(), p.GetFailed())
-}
-
-// followPoint is a replay's published count when it was read.
-type followPoint struct {
-	at        time.Time
-	published int64
-}
-
-// followLineEvery spaces the progress lines written where no bar can be
-// drawn (standard error not a terminal).
-const followLineEvery = 5 * time.Second
-
-// outcomesWait bounds how long --follow waits, after a replay ended, for
-// its published copies' outcomes; the summary says how many it did not see.
-var outcomesWait = 30 * time.Second
 
 func replayStatusCmd() *cobra.Command {
 	var (

@@ -15,6 +15,7 @@ import (
 	adminv1 "handoff.dev/handoff/api/admin/v1"
 	"handoff.dev/handoff/internal/admin"
 	"handoff.dev/handoff/internal/admin/admintest"
+	"handoff.dev/handoff/internal/adminclient"
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/deadletter"
 	"handoff.dev/handoff/internal/dispatch"
@@ -236,8 +237,8 @@ func TestDlqAndReplayCommandLines(t *testing.T) {
 // replay start --follow draws the progress on stderr until the run ends,
 // then prints its summary; with -o json the final Replay.
 func TestReplayStartFollow(t *testing.T) {
-	followEvery = time.Millisecond
-	t.Cleanup(func() { followEvery = 500 * time.Millisecond })
+	adminclient.FollowEvery = time.Millisecond
+	t.Cleanup(func() { adminclient.FollowEvery = 500 * time.Millisecond })
 	addr, tok, d := dlqServer(t)
 	conn := []string{"--admin", addr, "--token-file", tok}
 	d.Add(deadletter.Letter{ID: deadletter.ID{Log: "orders.dlq", Partition: deadletter.NoPartition, Offset: 5}, Source: "orders",
