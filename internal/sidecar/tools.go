@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"handoff.dev/handoff/internal/broker/rabbitmq"
 	"handoff.dev/handoff/internal/config"
 	"handoff.dev/handoff/internal/redact"
 )
@@ -111,6 +112,9 @@ func Publish(ctx context.Context, cfg config.Config, source string, msgs []Messa
 		if err := ch.Confirm(false); err != nil {
 			return err
 		}
+		// Published mandatory: a message no queue takes (the queue not
+		// declared) comes back, before its confirm, rather than vanishing.
+		returned := ch.NotifyReturn(make(chan amqp.Return, len(msgs)))
 		var confirms []*amqp.DeferredConfirmation
 		for _, m := range msgs {
 			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", sc.RabbitMQ.Queue, true, false, amqp.Publishing{
@@ -130,7 +134,12 @@ func Publish(ctx context.Context, cfg config.Config, source string, msgs []Messa
 				return fmt.Errorf("%s: the broker refused message %s", sc.RabbitMQ.Queue, msgs[i].ID)
 			}
 		}
-		return nil
+		select {
+		case r := <-returned:
+			return fmt.Errorf("queue %s took no message (%s): sidecar declare creates it", sc.RabbitMQ.Queue, r.ReplyText)
+		default:
+			return nil
+		}
 	case sc.Kafka != nil:
 		cl, err := kafkaClient(sc.Name, sc.Kafka)
 		if err != nil {
@@ -174,15 +183,7 @@ func dialRabbit(name string, r *config.RabbitMQ) (*amqp.Connection, error) {
 			return nil, fmt.Errorf("source %s: tls: %w", name, err)
 		}
 	}
-	c := amqp.Config{Dial: amqp.DefaultDial(5 * time.Second), TLSClientConfig: tlsConfig}
-	if login := rabbitLogin(r); login != nil {
-		user, password, err := login()
-		if err != nil {
-			return nil, fmt.Errorf("source %s: credentials: %w", name, err)
-		}
-		c.SASL = []amqp.Authentication{&amqp.PlainAuth{Username: user, Password: password}}
-	}
-	conn, err := amqp.DialConfig(r.URL, c)
+	conn, err := rabbitmq.Dial("handoff "+name, r.URL, tlsConfig, rabbitLogin(r))
 	if err != nil {
 		return nil, fmt.Errorf("source %s: %w", name, redact.Error(err))
 	}

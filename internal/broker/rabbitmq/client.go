@@ -186,22 +186,29 @@ func (c *Client) setLastErr(err error) {
 
 // dial opens a connection named name, with the configured TLS and login.
 func (c *Client) dial(name string) (*amqp.Connection, error) {
+	return Dial(name, c.opts.URL, c.opts.TLS, c.opts.Login)
+}
+
+// Dial opens a connection to url named name, as a source's client does: with
+// tlsConfig when not nil, and login's credentials when login is not nil
+// (read at each dial, so that a rotated password file is taken up).
+func Dial(name, url string, tlsConfig *tls.Config, login func() (user, password string, err error)) (*amqp.Connection, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(name)
 	cfg := amqp.Config{
 		Heartbeat:       10 * time.Second,
 		Properties:      props,
 		Dial:            amqp.DefaultDial(5 * time.Second),
-		TLSClientConfig: c.opts.TLS,
+		TLSClientConfig: tlsConfig,
 	}
-	if c.opts.Login != nil {
-		user, password, err := c.opts.Login()
+	if login != nil {
+		user, password, err := login()
 		if err != nil {
 			return nil, fmt.Errorf("credentials: %w", err)
 		}
 		cfg.SASL = []amqp.Authentication{&amqp.PlainAuth{Username: user, Password: password}}
 	}
-	return amqp.DialConfig(c.opts.URL, cfg)
+	return amqp.DialConfig(url, cfg)
 }
 
 // Refusal reports whether err is RabbitMQ or its TLS listener refusing the
