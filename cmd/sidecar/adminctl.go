@@ -22,9 +22,6 @@ type adminFlags struct {
 	addr, tokenFile, config, output string
 	timeout                         time.Duration
 	cmd                             *cobra.Command
-	// tokenFrom says where the token came from, for an error about it; ""
-	// when there is none.
-	tokenFrom string
 }
 
 func (f *adminFlags) add(cmd *cobra.Command) {
@@ -54,22 +51,23 @@ func (f *adminFlags) client() (c adminv1.AdminClient, done func(), err error) {
 	if f.output != "text" && f.output != "json" {
 		return nil, nil, &exitError{code: exitConfig, err: fmt.Errorf("--output: want text or json, got %q", f.output)}
 	}
-	tok, err := f.resolve()
+	t, err := f.resolve()
 	if err != nil {
 		return nil, nil, err
 	}
-	return adminclient.Dial(adminclient.Target{Addr: f.addr, Token: tok, TokenFrom: f.tokenFrom, Timeout: f.timeout})
+	t.Timeout = f.timeout
+	return adminclient.Dial(t)
 }
 
 // resolve settles the address and the token (adminclient.Resolve), from
 // the flags given, --config and the environment.
-func (f *adminFlags) resolve() ([]byte, error) {
+func (f *adminFlags) resolve() (adminclient.Target, error) {
 	changed := func(name string) bool { return f.cmd != nil && f.cmd.Flags().Changed(name) }
 	var cfgAdmin *config.Admin
 	if f.config != "" {
 		cfg, err := loadConfig(f.config)
 		if err != nil {
-			return nil, err
+			return adminclient.Target{}, err
 		}
 		cfgAdmin = &cfg.Admin
 	}
@@ -82,10 +80,9 @@ func (f *adminFlags) resolve() ([]byte, error) {
 	}
 	t, err := adminclient.Resolve(in)
 	if err != nil {
-		return nil, &exitError{code: exitConfig, err: err}
+		return t, &exitError{code: exitConfig, err: err}
 	}
-	f.addr, f.tokenFrom = t.Addr, t.TokenFrom
-	return t.Token, nil
+	return t, nil
 }
 
 // writeJSON writes m as the REST API answers it.

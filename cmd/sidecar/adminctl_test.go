@@ -28,18 +28,6 @@ admin: {listen: %q, token_file: %q}
 	return path
 }
 
-// closedAddr is a loopback address nothing listens on.
-func closedAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
-
 // The admin commands find the sidecar as it is configured: from --config,
 // from a sidecar container's environment, or from their flags, which win.
 func TestAdminCommandsFindTheSidecar(t *testing.T) {
@@ -59,7 +47,7 @@ func TestAdminCommandsFindTheSidecar(t *testing.T) {
 	ok("the sidecar container's environment")
 
 	// A flag wins over the environment.
-	if _, _, err := dlqRun(t, "status", "--admin", closedAddr(t)); err == nil {
+	if _, _, err := dlqRun(t, "status", "--admin", testkit.ClosedAddr(t)); err == nil {
 		t.Error("--admin of a closed port answered: the environment won over the flag")
 	}
 }
@@ -68,7 +56,7 @@ func TestAdminCommandsFindTheSidecar(t *testing.T) {
 // what to check, not gRPC's words (golden).
 func TestAdminCommandsSayWhatToCheck(t *testing.T) {
 	addr, _, _ := dlqServer(t)
-	closed := closedAddr(t)
+	closed := testkit.ClosedAddr(t)
 	wrong := tokenFile(t, "not-the-sidecars-token", 0o600)
 	var b strings.Builder
 	for _, tt := range []struct {

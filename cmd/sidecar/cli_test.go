@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
 	"handoff.dev/handoff/internal/broker/brokertest"
 	"handoff.dev/handoff/internal/testkit"
 )

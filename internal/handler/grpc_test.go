@@ -232,7 +232,7 @@ func TestGRPCOutcomes(t *testing.T) {
 // The app down and the app answering UNAVAILABLE are both UNAVAILABLE to
 // grpc-go; only the first holds intake.
 func TestGRPCAppDownIsUnreachable(t *testing.T) {
-	addr := closedAddr(t)
+	addr := testkit.ClosedAddr(t)
 	g := newGRPCClient(t, "grpc://"+addr, nil)
 	r := request(&broker.Message{Body: []byte("x")})
 	for i := range 3 { // the first call dials, later ones find the connection failed

@@ -16,21 +16,8 @@ import (
 
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/budget"
+	"handoff.dev/handoff/internal/testkit"
 )
-
-// closedAddr returns a loopback address nothing listens on.
-func closedAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	if err := ln.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return addr
-}
 
 func TestDeliverTransportErrors(t *testing.T) {
 	tests := []struct {
@@ -58,7 +45,7 @@ func TestDeliverTransportErrors(t *testing.T) {
 		},
 		{
 			name:    "nothing listening",
-			url:     func(t *testing.T) string { return "http://" + closedAddr(t) + "/events" },
+			url:     func(t *testing.T) string { return "http://" + testkit.ClosedAddr(t) + "/events" },
 			timeout: time.Second,
 			want:    budget.Unreachable,
 		},
@@ -219,7 +206,7 @@ func TestProbe(t *testing.T) {
 		},
 		{
 			name:    "nothing listening",
-			url:     func(t *testing.T) string { return "http://" + closedAddr(t) + "/events" },
+			url:     func(t *testing.T) string { return "http://" + testkit.ClosedAddr(t) + "/events" },
 			ctx:     func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) },
 			wantErr: true,
 		},

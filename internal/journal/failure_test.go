@@ -28,12 +28,8 @@ func TestCommitFailure(t *testing.T) {
 		switch tx.Add(1) {
 		case 1: // "before": commits
 		case 2: // "blocker": holds the writer until the batch has queued
-			deadline := time.Now().Add(10 * time.Second)
-			for len(j.reqs) < inBatch {
-				if time.Now().After(deadline) {
-					return errors.New("the batch never queued")
-				}
-				time.Sleep(time.Millisecond)
+			if !testkit.Wait(10*time.Second, func() bool { return len(j.reqs) >= inBatch }) {
+				return errors.New("the batch never queued")
 			}
 		case 3: // the batch: fails
 			failedRecords.Store(int64(n))
@@ -104,12 +100,8 @@ func TestCommitFailureQueuedBehind(t *testing.T) {
 		if tx.Add(1) != 1 {
 			return nil
 		}
-		deadline := time.Now().Add(10 * time.Second)
-		for len(j.reqs) < 1 {
-			if time.Now().After(deadline) {
-				return errors.New("nothing queued behind the batch")
-			}
-			time.Sleep(time.Millisecond)
+		if !testkit.Wait(10*time.Second, func() bool { return len(j.reqs) >= 1 }) {
+			return errors.New("nothing queued behind the batch")
 		}
 		return errBoom
 	}

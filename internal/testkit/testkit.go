@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -24,15 +25,40 @@ const maxPoll = 20 * time.Millisecond
 // a wait that doubles from a millisecond up to maxPoll.
 func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
+	if !Wait(timeout, cond) {
+		t.Fatalf("timed out after %v waiting for %s", timeout, what)
+	}
+}
+
+// Wait is Eventually for a goroutine that may not fail the test (a hook
+// the code under test calls): it reports whether cond came to hold within
+// timeout.
+func Wait(timeout time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
 	wait := time.Millisecond
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+			return false
 		}
 		time.Sleep(wait)
 		wait = min(2*wait, maxPoll)
 	}
+	return true
+}
+
+// ClosedAddr is a loopback address nothing listened on a moment ago: a
+// connection to it is refused.
+func ClosedAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return addr
 }
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
