@@ -30,6 +30,8 @@ type DeadLetters interface {
 	Replay(id string) (deadletter.Run, error)
 	Replays(source string) ([]deadletter.Run, error)
 	CancelReplay(ctx context.Context, id, who, why string) (deadletter.Run, error)
+	PauseReplay(ctx context.Context, id, who, why string) (deadletter.Run, error)
+	ResumeReplay(ctx context.Context, id, who, why string) (deadletter.Run, error)
 }
 
 var _ DeadLetters = (*deadletter.Manager)(nil)
@@ -135,10 +137,11 @@ func (s *service) ListDeadLetters(_ context.Context, req *adminv1.ListDeadLetter
 		return nil, grpcstatus.Error(codes.InvalidArgument, "page_size: want 0 or more")
 	}
 	f := deadletter.Filter{
-		Source: req.GetSource(),
-		Reason: req.GetReason(),
-		After:  req.GetPageToken(),
-		Limit:  min(int(req.GetPageSize()), deadletter.MaxLimit),
+		Source:  req.GetSource(),
+		Reason:  req.GetReason(),
+		EventID: req.GetEventId(),
+		After:   req.GetPageToken(),
+		Limit:   min(int(req.GetPageSize()), deadletter.MaxLimit),
 	}
 	if f.States, err = states(req.GetStates()); err != nil {
 		return nil, err

@@ -136,6 +136,7 @@ func runProto(r *deadletter.Run, withIDs bool) *adminv1.Replay {
 		State:            string(r.State),
 		Detail:           r.Detail,
 		Paused:           r.Paused,
+		Held:             r.Held,
 		Runner:           r.Runner,
 		HeartbeatAt:      timestamp(r.HeartbeatAt),
 		CreatedBy:        r.CreatedBy,

@@ -405,7 +405,21 @@ func TestDeadLettersGRPC(t *testing.T) {
 	if run.GetState() != "running" || run.GetCreatedBy() != "admin/dan" || run.GetRatePerSecond() != 5 || !run.GetForce() || len(run.GetIds()) != 1 {
 		t.Errorf("CreateReplay = %v", run)
 	}
-	run, err = c.CancelReplay(ctx, &adminv1.CancelReplayRequest{Id: run.GetId(), Reason: "wrong one", Operator: "dan"})
+	id := run.GetId()
+	run, err = c.PauseReplay(ctx, &adminv1.PauseReplayRequest{Id: id, Reason: "the app is being fixed", Operator: "eve"})
+	if err != nil || !run.GetHeld() || !run.GetPaused() || !strings.Contains(run.GetDetail(), "admin/eve") {
+		t.Errorf("PauseReplay = %v, %v", run, err)
+	}
+	if _, err := c.PauseReplay(ctx, &adminv1.PauseReplayRequest{Id: id}); grpcstatus.Code(err) != codes.FailedPrecondition {
+		t.Errorf("paused twice: %v", err)
+	}
+	if run, err = c.ResumeReplay(ctx, &adminv1.ResumeReplayRequest{Id: id, Operator: "eve"}); err != nil || run.GetHeld() || run.GetPaused() {
+		t.Errorf("ResumeReplay = %v, %v", run, err)
+	}
+	if _, err := c.ResumeReplay(ctx, &adminv1.ResumeReplayRequest{Id: id}); grpcstatus.Code(err) != codes.FailedPrecondition {
+		t.Errorf("resumed twice: %v", err)
+	}
+	run, err = c.CancelReplay(ctx, &adminv1.CancelReplayRequest{Id: id, Reason: "wrong one", Operator: "dan"})
 	if err != nil || run.GetState() != "cancelled" || run.GetEndedAt() == nil || !strings.Contains(run.GetDetail(), "admin/dan") {
 		t.Errorf("CancelReplay = %v, %v", run, err)
 	}

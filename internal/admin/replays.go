@@ -137,23 +137,38 @@ func (s *service) ListReplays(_ context.Context, req *adminv1.ListReplaysRequest
 }
 
 func (s *service) CancelReplay(ctx context.Context, req *adminv1.CancelReplayRequest) (*adminv1.Replay, error) {
+	return s.operate(ctx, "cancelling a replay", req.GetId(), req.GetOperator(), req.GetReason(), DeadLetters.CancelReplay)
+}
+
+func (s *service) PauseReplay(ctx context.Context, req *adminv1.PauseReplayRequest) (*adminv1.Replay, error) {
+	return s.operate(ctx, "pausing a replay", req.GetId(), req.GetOperator(), req.GetReason(), DeadLetters.PauseReplay)
+}
+
+func (s *service) ResumeReplay(ctx context.Context, req *adminv1.ResumeReplayRequest) (*adminv1.Replay, error) {
+	return s.operate(ctx, "resuming a replay", req.GetId(), req.GetOperator(), req.GetReason(), DeadLetters.ResumeReplay)
+}
+
+// operate is an operator's cancel, pause or resume of a replay: the id is
+// required, the operator and reason checked, then do records it.
+func (s *service) operate(ctx context.Context, what, id, operator, reason string,
+	do func(DeadLetters, context.Context, string, string, string) (deadletter.Run, error)) (*adminv1.Replay, error) {
 	dl, err := s.deadLetters()
 	if err != nil {
 		return nil, err
 	}
-	if req.GetId() == "" {
+	if id == "" {
 		return nil, grpcstatus.Error(codes.InvalidArgument, "id is required")
 	}
-	who, err := s.who(req.GetOperator())
+	who, err := s.who(operator)
 	if err != nil {
 		return nil, err
 	}
-	if err := why("reason", req.GetReason(), false); err != nil {
+	if err := why("reason", reason, false); err != nil {
 		return nil, err
 	}
-	run, err := dl.CancelReplay(ctx, req.GetId(), who, req.GetReason())
+	run, err := do(dl, ctx, id, who, reason)
 	if err != nil {
-		return nil, s.fail("cancelling a replay", err)
+		return nil, s.fail(what, err)
 	}
 	return runProto(&run, true), nil
 }

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 
 	adminv1 "handoff.dev/handoff/api/admin/v1"
+	"handoff.dev/handoff/internal/telemetry"
 )
 
 // shutdownTimeout bounds how long calls in progress may finish once the
@@ -41,6 +42,9 @@ type Options struct {
 	// DeadLetters serves the dead-letter and replay calls; nil answers
 	// them Unavailable.
 	DeadLetters DeadLetters
+	// Activity is the history of each source's traffic the console charts;
+	// nil answers GetActivity with no steps.
+	Activity *telemetry.History
 	// TokenName is who the ledger records for a change made with Token
 	// (admin.token_name), followed by "/" and the operator the request
 	// names, if any; DefaultTokenName when empty.

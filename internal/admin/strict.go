@@ -161,3 +161,15 @@ func (s restService) ListReplays(ctx context.Context, r *adminv1.ListReplaysRequ
 func (s restService) CancelReplay(ctx context.Context, r *adminv1.CancelReplayRequest) (*adminv1.Replay, error) {
 	return checked(ctx, r, s.service.CancelReplay)
 }
+
+func (s restService) PauseReplay(ctx context.Context, r *adminv1.PauseReplayRequest) (*adminv1.Replay, error) {
+	return checked(ctx, r, s.service.PauseReplay)
+}
+
+func (s restService) ResumeReplay(ctx context.Context, r *adminv1.ResumeReplayRequest) (*adminv1.Replay, error) {
+	return checked(ctx, r, s.service.ResumeReplay)
+}
+
+func (s restService) GetActivity(ctx context.Context, r *adminv1.GetActivityRequest) (*adminv1.Activity, error) {
+	return checked(ctx, r, s.service.GetActivity)
+}

@@ -45,6 +45,9 @@ func TestRESTRefusesWhatItDoesNotKnow(t *testing.T) {
 		{"ListReplays", "replays", "GET", "/v1/replays?state=running", "", "state"},
 		{"GetReplay", "a replay", "GET", "/v1/replays/r1?watch=1", "", "watch"},
 		{"CancelReplay", "cancel", "POST", "/v1/replays/r1:cancel", `{"reason":"x","now":true}`, "now"},
+		{"PauseReplay", "pause", "POST", "/v1/replays/r1:pause", `{"reasn":"x"}`, "reasn"},
+		{"ResumeReplay", "resume", "POST", "/v1/replays/r1:resume", `{"reason":"x","force":true}`, "force"},
+		{"GetActivity", "activity", "GET", "/v1/activity?source=orders", "", "source"},
 	}
 	// Every call of the API has its case: a call added without one (and
 	// without its check in restService) fails here.
@@ -69,7 +72,7 @@ func TestRESTRefusesWhatItDoesNotKnow(t *testing.T) {
 	if n := len(d.Requests()); n != requests {
 		t.Errorf("%d replays asked by refused calls", n-requests)
 	}
-	if code, out := call("GET", "/v1/replays/r1", ""); code != 200 || strings.Contains(out, `"state":"cancelled"`) {
+	if code, out := call("GET", "/v1/replays/r1", ""); code != 200 || strings.Contains(out, `"state":"cancelled"`) || strings.Contains(out, `"held":true`) {
 		t.Errorf("the replay after a refused cancel: %d %s", code, out)
 	}
 }

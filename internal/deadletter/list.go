@@ -15,6 +15,8 @@ type Filter struct {
 	// States selects any of these states.
 	States []State
 	Reason string
+	// EventID selects one event's dead letters.
+	EventID string
 	// Since and Until bound the dead-lettered-at time: Since ≤ t < Until.
 	Since, Until time.Time
 	// After is the last id of the page before: the list goes on after it.
@@ -88,7 +90,8 @@ func (x *Index) List(f Filter) (Page, error) {
 }
 
 func (f *Filter) match(l *Letter) bool {
-	if !l.Seen || (f.Source != "" && l.Source != f.Source) || (f.Reason != "" && l.Reason != f.Reason) {
+	if !l.Seen || (f.Source != "" && l.Source != f.Source) || (f.Reason != "" && l.Reason != f.Reason) ||
+		(f.EventID != "" && l.EventID != f.EventID) {
 		return false
 	}
 	if (!f.Since.IsZero() && l.DeadLetteredAt.Before(f.Since)) || (!f.Until.IsZero() && !l.DeadLetteredAt.Before(f.Until)) {

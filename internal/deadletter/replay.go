@@ -74,6 +74,10 @@ type Run struct {
 	// Detail says why the run ended, or why it is paused now.
 	Detail string `json:"detail,omitempty"`
 	Paused bool   `json:"paused,omitempty"`
+	// Held: an operator paused the run (OpPause) and has not resumed it;
+	// HeldWhy says who and why. The runner publishes nothing meanwhile.
+	Held    bool   `json:"held,omitempty"`
+	HeldWhy string `json:"held_why,omitempty"`
 	// Runner is the replica driving it, and HeartbeatAt its last heartbeat.
 	Runner      string    `json:"runner,omitempty"`
 	HeartbeatAt time.Time `json:"heartbeat_at,omitzero"`
@@ -314,6 +318,50 @@ func (m *Manager) CancelReplay(ctx context.Context, id, who, why string) (Run, e
 	}
 	if run.State != RunCancelled {
 		return run, fmt.Errorf("%w: replay %s is %s", ErrLost, id, run.State)
+	}
+	return run, nil
+}
+
+// PauseReplay records that an operator paused a run: its runner publishes
+// nothing more until ResumeReplay. What was published stays published, and
+// its outcomes still come in.
+func (m *Manager) PauseReplay(ctx context.Context, id, who, why string) (Run, error) {
+	return m.operate(ctx, id, OpPause, who, why)
+}
+
+// ResumeReplay records that an operator let a paused run go on.
+func (m *Manager) ResumeReplay(ctx context.Context, id, who, why string) (Run, error) {
+	return m.operate(ctx, id, OpResume, who, why)
+}
+
+// operate records an operator's pause or resume of a run, and refuses one
+// that would change nothing: a run that ended, a pause of a paused run, a
+// resume of one not paused by hand.
+func (m *Manager) operate(ctx context.Context, id string, op RunOp, who, why string) (Run, error) {
+	run, err := m.o.Index.Run(id)
+	if err != nil {
+		return Run{}, err
+	}
+	switch {
+	case run.Ended():
+		return run, fmt.Errorf("%w: replay %s is %s already", ErrIllegal, id, run.State)
+	case op == OpPause && run.Held:
+		return run, fmt.Errorf("%w: replay %s is paused already (%s)", ErrIllegal, id, run.HeldWhy)
+	case op == OpResume && !run.Held:
+		return run, fmt.Errorf("%w: replay %s was not paused by hand", ErrIllegal, id)
+	}
+	src, err := m.source(run.Source)
+	if err != nil {
+		return Run{}, err
+	}
+	rec := RunRecord{Version: RecordVersion, Kind: KindRun, Run: id, Op: op, Who: who, At: m.now().UTC(), Why: why}
+	if run, err = m.appendRun(ctx, src, rec); err != nil {
+		return run, err
+	}
+	if run.Held != (op == OpPause) {
+		// Another record came first in the ledger's order: it ended or
+		// was paused or resumed by someone else.
+		return run, fmt.Errorf("%w: replay %s is %s (held %t)", ErrLost, id, run.State, run.Held)
 	}
 	return run, nil
 }

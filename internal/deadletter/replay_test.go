@@ -400,6 +400,62 @@ func TestReplayPausesUnderPressureAndCancels(t *testing.T) {
 	}
 }
 
+// An operator's pause holds the run before its next publish, outlasts the
+// runner's heartbeats, and is refused twice; a resume lets it finish.
+func TestReplayPausedByHandResumes(t *testing.T) {
+	f := newReplayFixture(t, 8)
+	m, _ := f.manager(t, "replica-a", f.x, nil)
+	f.approve(t, m, f.ids, nil)
+	f.app.mu.Lock()
+	hold := make(chan struct{})
+	f.app.before = func(n int) error {
+		if n == 3 {
+			<-hold // the third copy waits until the pause is recorded
+		}
+		return nil
+	}
+	f.app.mu.Unlock()
+	run, err := m.CreateReplay(context.Background(), ReplayRequest{IDs: f.ids, Rate: 50, BatchSize: 1, Who: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 20*time.Second, "two copies published", func() bool { return len(f.app.got()) >= 2 })
+	if _, err := m.ResumeReplay(context.Background(), run.ID, "bob", ""); !errors.Is(err, ErrIllegal) {
+		t.Fatalf("resumed a run not paused: %v", err)
+	}
+	paused, err := m.PauseReplay(context.Background(), run.ID, "bob", "the app is being fixed")
+	if err != nil || !paused.Held || !paused.Paused || paused.Detail != "paused by bob: the app is being fixed" {
+		t.Fatalf("pause: %+v, %v", paused, err)
+	}
+	close(hold)
+	if _, err := m.PauseReplay(context.Background(), run.ID, "carol", ""); !errors.Is(err, ErrIllegal) {
+		t.Fatalf("paused twice: %v", err)
+	}
+	// At most the publish already started when the pause came goes out;
+	// heartbeats come (every third of the TTL) and the run stays held.
+	testkit.Eventually(t, 20*time.Second, "two heartbeats after the pause", func() bool {
+		r, _ := m.Replay(run.ID)
+		return r.HeartbeatAt.Sub(paused.HeartbeatAt) >= 2*r.Spec.HeartbeatTTL/3
+	})
+	n := len(f.app.got())
+	if n > 3 {
+		t.Fatalf("%d published while paused", n)
+	}
+	if r, _ := m.Replay(run.ID); !r.Held || !r.Paused || r.State != RunRunning {
+		t.Fatalf("held run after heartbeats: %+v", r)
+	}
+	if r, err := m.ResumeReplay(context.Background(), run.ID, "bob", "fixed"); err != nil || r.Held || r.Paused {
+		t.Fatalf("resume: %+v, %v", r, err)
+	}
+	run = waitRun(t, m, run.ID)
+	if run.State != RunCompleted || run.Progress.Published != 8 {
+		t.Fatalf("run %+v", run)
+	}
+	if _, err := m.PauseReplay(context.Background(), run.ID, "bob", ""); !errors.Is(err, ErrIllegal) {
+		t.Fatalf("paused an ended run: %v", err)
+	}
+}
+
 func TestReplayRefusesWhatItCannotDo(t *testing.T) {
 	f := newReplayFixture(t, 2)
 	m, _ := f.manager(t, "replica-a", f.x, nil)

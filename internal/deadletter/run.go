@@ -31,6 +31,11 @@ const (
 	OpEnd RunOp = "end"
 	// OpCancel is written by an operator.
 	OpCancel RunOp = "cancel"
+	// OpPause is written by an operator: the runner publishes nothing more
+	// until an OpResume.
+	OpPause RunOp = "pause"
+	// OpResume is written by an operator: a paused run goes on.
+	OpResume RunOp = "resume"
 )
 
 // RunRecord is one record about a replay run.
@@ -110,7 +115,7 @@ func (r *RunRecord) check() error {
 		if r.State != RunCompleted && r.State != RunStopped {
 			return bad("end in state %.64q", r.State)
 		}
-	case OpHeartbeat, OpCancel:
+	case OpHeartbeat, OpCancel, OpPause, OpResume:
 	default:
 		return bad("op %.64q", r.Op)
 	}
@@ -180,26 +185,51 @@ func applyRun(tx *bolt.Tx, source string, r *RunRecord) (bool, error) {
 			return false, nil
 		}
 		run.Runner, run.HeartbeatAt, run.Paused, run.Detail = r.Who, r.At.UTC(), r.Paused, r.Why
+		if run.Held {
+			// An operator's pause outlasts what a heartbeat says of the app.
+			run.Paused, run.Detail = true, run.HeldWhy
+		}
 	case OpEnd:
 		if v == nil || run.Ended() || run.Runner != r.Who {
 			return false, nil
 		}
 		run.State, run.Detail, run.EndedAt, run.Paused = r.State, r.Why, r.At.UTC(), false
+		run.Held, run.HeldWhy = false, ""
 	case OpCancel:
 		if v == nil || run.Ended() {
 			return false, nil
 		}
 		run.State, run.EndedAt, run.Paused = RunCancelled, r.At.UTC(), false
-		run.Detail = "cancelled by " + r.Who
-		if r.Why != "" {
-			run.Detail += ": " + r.Why
+		run.Held, run.HeldWhy = false, ""
+		run.Detail = byWhom("cancelled", r)
+	case OpPause:
+		if v == nil || run.Ended() || run.Held {
+			return false, nil
 		}
+		run.Held, run.HeldWhy = true, byWhom("paused", r)
+		run.Paused, run.Detail = true, run.HeldWhy
+	case OpResume:
+		if v == nil || run.Ended() || !run.Held {
+			return false, nil
+		}
+		run.Held, run.HeldWhy = false, ""
+		run.Paused, run.Detail = false, ""
 	}
 	out, err := json.Marshal(&run)
 	if err != nil {
 		return false, err
 	}
 	return true, b.Put([]byte(r.Run), out)
+}
+
+// byWhom says what an operator's record did, who and why: "paused by
+// ops/ann: the app is being fixed".
+func byWhom(what string, r *RunRecord) string {
+	s := what + " by " + r.Who
+	if r.Why != "" {
+		s += ": " + r.Why
+	}
+	return s
 }
 
 // Run returns a run as the index holds it, with its progress.

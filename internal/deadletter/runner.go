@@ -376,12 +376,19 @@ func (p *pipeline) wait(ctx context.Context, sendErr error) error {
 	return p.r.m.o.Index.catchUpLedger(ctx, p.r.src.Source, p.last)
 }
 
-// wait holds the run while the app is under pressure: fresh intake paused,
-// overload answered, the app unreachable. A replay shares the app with live
-// traffic, which goes first.
+// wait holds the run while an operator has it paused, and while the app is
+// under pressure: fresh intake paused, overload answered, the app
+// unreachable. A replay shares the app with live traffic, which goes first.
 func (r *runner) wait(ctx context.Context) (paused bool, err error) {
 	for {
-		why := r.m.o.Pressure()
+		run, err := r.current()
+		if err != nil {
+			return paused, err
+		}
+		why := run.HeldWhy // an operator's pause first
+		if !run.Held {
+			why = r.m.o.Pressure()
+		}
 		if why == "" {
 			if p := r.pause.Swap(nil); p != nil && *p != "" {
 				r.m.log.Info("replay resumed", "replay", r.id)
@@ -394,9 +401,6 @@ func (r *runner) wait(ctx context.Context) (paused bool, err error) {
 		}
 		if !sleep(ctx, r.m.o.Poll/4) {
 			return paused, ctx.Err()
-		}
-		if _, err := r.current(); err != nil {
-			return paused, err
 		}
 	}
 }

@@ -53,10 +53,11 @@ func (s *Sidecar) listenAdmin(token []byte, checks []telemetry.Check) error {
 			}
 			return nil
 		},
-		Engine:  s.engine,
-		Journal: s.journal,
-		Sources: srcs,
-		Logger:  s.log,
+		Engine:   s.engine,
+		Journal:  s.journal,
+		Sources:  srcs,
+		Activity: s.activity,
+		Logger:   s.log,
 	})
 	if err != nil {
 		return err

@@ -47,7 +47,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		names[i] = src.name
 	}
 	sum := summary{metrics: s.metrics, status: s.engine.Status, sources: names, log: s.log, every: summaryEvery}
-	brokers := []part{{"backlog readings", s.sampler.Run}, {"traffic summary", sum.run}}
+	brokers := []part{{"backlog readings", s.sampler.Run}, {"traffic summary", sum.run}, {"activity history", s.activity.Run}}
 	for _, src := range s.sources {
 		brokers = append(brokers, part{"source " + src.name, src.run})
 	}

@@ -79,6 +79,7 @@ type Sidecar struct {
 	batcher     *handler.Batcher
 	engine      *dispatch.Engine
 	sampler     *telemetry.Sampler
+	activity    *telemetry.History
 	health      *telemetry.Server
 	admin       *admin.Server
 

@@ -64,15 +64,19 @@ func newMetrics(t config.Telemetry, instance string) (*telemetry.Metrics, func()
 }
 
 // observe registers the gauges read at each scrape and makes the backlog
-// sampler, whose readings give the drain estimate.
+// sampler, whose readings give the drain estimate, and the activity history
+// the console charts.
 func (s *Sidecar) observe() error {
 	if err := observeEngine(s.metrics, s.engine.Status, s.deadLetters); err != nil {
 		return err
 	}
 	backlogs := make([]telemetry.BacklogSource, len(s.sources))
+	names := make([]string, len(s.sources))
 	for i, src := range s.sources {
 		backlogs[i] = telemetry.BacklogSource{Name: src.name, Read: src.backlog}
+		names[i] = src.name
 	}
+	s.activity = telemetry.NewHistory(s.metrics, names, telemetry.ActivityStep, telemetry.ActivitySpan, nil)
 	var err error
 	s.sampler, err = telemetry.NewSampler(backlogs, s.metrics, s.cfg.Telemetry.DrainWindow.D(), s.log)
 	return err

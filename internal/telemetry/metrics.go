@@ -54,9 +54,10 @@ type Metrics struct {
 type sourceCounts struct {
 	taken    atomic.Int64 // fresh messages, for the drain estimate
 	received atomic.Int64 // fresh messages and retry copies
-	// handled, retried and deadLettered are for the log's summary: kept
-	// whether or not anything reads the metrics.
-	handled, retried, deadLettered atomic.Int64
+	// handled, retried, deadLettered and other are for the log's summary
+	// and the activity history: kept whether or not anything reads the
+	// metrics.
+	handled, retried, deadLettered, other atomic.Int64
 	// received's attributes, for the collection's callback.
 	obs []metric.ObserveOption
 }
@@ -222,14 +223,17 @@ func (m *Metrics) Received(source string, retry bool) {
 type Totals struct {
 	// Taken is the fresh messages taken; Handled the attempts the app
 	// answered with success; Retried the copies moved to a retry tier;
-	// DeadLettered those moved to the dead-letter destination.
-	Taken, Handled, Retried, DeadLettered int64
+	// DeadLettered those moved to the dead-letter destination; Other those
+	// settled another way (dropped by the app's answer, or a redelivery
+	// settled from the journal).
+	Taken, Handled, Retried, DeadLettered, Other int64
 }
 
 // Totals reads source's totals.
 func (m *Metrics) Totals(source string) Totals {
 	c := m.countsOf(source)
-	return Totals{Taken: c.taken.Load(), Handled: c.handled.Load(), Retried: c.retried.Load(), DeadLettered: c.deadLettered.Load()}
+	return Totals{Taken: c.taken.Load(), Handled: c.handled.Load(), Retried: c.retried.Load(),
+		DeadLettered: c.deadLettered.Load(), Other: c.other.Load()}
 }
 
 // Taken counts the fresh messages taken from source since the start: the
@@ -268,7 +272,7 @@ type attemptKey struct {
 }
 
 // attemptSeries are the series of one attemptKey, and the source's count
-// of handled messages when the outcome is success.
+// the outcome settles into: handled on success, other on drop.
 type attemptSeries struct {
 	outcomes, duration *series
 	handled            *atomic.Int64
@@ -291,8 +295,11 @@ func (m *Metrics) attemptSeries(k attemptKey) attemptSeries {
 		outcomes: m.series(setKey{metric: "outcomes", source: k.source, name: "outcome", value: k.outcome, attempt: attempt}),
 		duration: m.series(setKey{metric: "duration", source: k.source, name: "outcome", value: k.outcome}),
 	}
-	if k.outcome == "success" {
+	switch k.outcome {
+	case "success":
 		a.handled = &m.countsOf(k.source).handled
+	case "drop":
+		a.handled = &m.countsOf(k.source).other
 	}
 	m.attemptsMu.Lock()
 	defer m.attemptsMu.Unlock()
@@ -327,6 +334,7 @@ func (m *Metrics) DeadLettered(source, reason string) {
 
 // Duplicate counts a redelivery settled from the journal.
 func (m *Metrics) Duplicate(source string) {
+	m.countsOf(source).other.Add(1)
 	if m.off {
 		return
 	}

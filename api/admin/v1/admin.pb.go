@@ -976,7 +976,9 @@ type ListDeadLettersRequest struct {
 	// At most 1000; 100 when 0.
 	PageSize int32 `protobuf:"varint,6,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// The next_page_token of the page before.
-	PageToken     string `protobuf:"bytes,7,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	PageToken string `protobuf:"bytes,7,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Only the dead letters of this event id.
+	EventId       string `protobuf:"bytes,8,opt,name=event_id,json=eventId,proto3" json:"event_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1056,6 +1058,13 @@ func (x *ListDeadLettersRequest) GetPageSize() int32 {
 func (x *ListDeadLettersRequest) GetPageToken() string {
 	if x != nil {
 		return x.PageToken
+	}
+	return ""
+}
+
+func (x *ListDeadLettersRequest) GetEventId() string {
+	if x != nil {
+		return x.EventId
 	}
 	return ""
 }
@@ -2079,6 +2088,352 @@ func (x *CancelReplayRequest) GetOperator() string {
 	return ""
 }
 
+type PauseReplayRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	Operator      string                 `protobuf:"bytes,3,opt,name=operator,proto3" json:"operator,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseReplayRequest) Reset() {
+	*x = PauseReplayRequest{}
+	mi := &file_admin_v1_admin_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseReplayRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseReplayRequest) ProtoMessage() {}
+
+func (x *PauseReplayRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_v1_admin_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseReplayRequest.ProtoReflect.Descriptor instead.
+func (*PauseReplayRequest) Descriptor() ([]byte, []int) {
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *PauseReplayRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *PauseReplayRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *PauseReplayRequest) GetOperator() string {
+	if x != nil {
+		return x.Operator
+	}
+	return ""
+}
+
+type ResumeReplayRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	Operator      string                 `protobuf:"bytes,3,opt,name=operator,proto3" json:"operator,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeReplayRequest) Reset() {
+	*x = ResumeReplayRequest{}
+	mi := &file_admin_v1_admin_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeReplayRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeReplayRequest) ProtoMessage() {}
+
+func (x *ResumeReplayRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_v1_admin_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeReplayRequest.ProtoReflect.Descriptor instead.
+func (*ResumeReplayRequest) Descriptor() ([]byte, []int) {
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ResumeReplayRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ResumeReplayRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ResumeReplayRequest) GetOperator() string {
+	if x != nil {
+		return x.Operator
+	}
+	return ""
+}
+
+type GetActivityRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetActivityRequest) Reset() {
+	*x = GetActivityRequest{}
+	mi := &file_admin_v1_admin_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetActivityRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetActivityRequest) ProtoMessage() {}
+
+func (x *GetActivityRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_v1_admin_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetActivityRequest.ProtoReflect.Descriptor instead.
+func (*GetActivityRequest) Descriptor() ([]byte, []int) {
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{26}
+}
+
+// Activity is each source's traffic, counted over fixed steps, oldest step
+// first; it covers the last 15 minutes at most, since the sidecar started.
+type Activity struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The length of one step.
+	Step          *durationpb.Duration `protobuf:"bytes,1,opt,name=step,proto3" json:"step,omitempty"`
+	Sources       []*SourceActivity    `protobuf:"bytes,2,rep,name=sources,proto3" json:"sources,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Activity) Reset() {
+	*x = Activity{}
+	mi := &file_admin_v1_admin_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Activity) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Activity) ProtoMessage() {}
+
+func (x *Activity) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_v1_admin_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Activity.ProtoReflect.Descriptor instead.
+func (*Activity) Descriptor() ([]byte, []int) {
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *Activity) GetStep() *durationpb.Duration {
+	if x != nil {
+		return x.Step
+	}
+	return nil
+}
+
+func (x *Activity) GetSources() []*SourceActivity {
+	if x != nil {
+		return x.Sources
+	}
+	return nil
+}
+
+type SourceActivity struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Steps         []*ActivityStep        `protobuf:"bytes,2,rep,name=steps,proto3" json:"steps,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SourceActivity) Reset() {
+	*x = SourceActivity{}
+	mi := &file_admin_v1_admin_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SourceActivity) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SourceActivity) ProtoMessage() {}
+
+func (x *SourceActivity) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_v1_admin_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SourceActivity.ProtoReflect.Descriptor instead.
+func (*SourceActivity) Descriptor() ([]byte, []int) {
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *SourceActivity) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SourceActivity) GetSteps() []*ActivityStep {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+// ActivityStep is what one source's messages came to in one step.
+type ActivityStep struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// When the step ended.
+	At *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=at,proto3" json:"at,omitempty"`
+	// Attempts the app answered with success.
+	Handled int64 `protobuf:"varint,2,opt,name=handled,proto3" json:"handled,omitempty"`
+	// Copies moved to a retry tier.
+	Retried int64 `protobuf:"varint,3,opt,name=retried,proto3" json:"retried,omitempty"`
+	// Copies moved to the dead-letter destination.
+	DeadLettered int64 `protobuf:"varint,4,opt,name=dead_lettered,json=deadLettered,proto3" json:"dead_lettered,omitempty"`
+	// Settled another way: dropped by the app's answer, or a redelivery
+	// settled from the journal without a call.
+	Other         int64 `protobuf:"varint,5,opt,name=other,proto3" json:"other,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ActivityStep) Reset() {
+	*x = ActivityStep{}
+	mi := &file_admin_v1_admin_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ActivityStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ActivityStep) ProtoMessage() {}
+
+func (x *ActivityStep) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_v1_admin_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ActivityStep.ProtoReflect.Descriptor instead.
+func (*ActivityStep) Descriptor() ([]byte, []int) {
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ActivityStep) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *ActivityStep) GetHandled() int64 {
+	if x != nil {
+		return x.Handled
+	}
+	return 0
+}
+
+func (x *ActivityStep) GetRetried() int64 {
+	if x != nil {
+		return x.Retried
+	}
+	return 0
+}
+
+func (x *ActivityStep) GetDeadLettered() int64 {
+	if x != nil {
+		return x.DeadLettered
+	}
+	return 0
+}
+
+func (x *ActivityStep) GetOther() int64 {
+	if x != nil {
+		return x.Other
+	}
+	return 0
+}
+
 type ListReplaysRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Source        string                 `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
@@ -2088,7 +2443,7 @@ type ListReplaysRequest struct {
 
 func (x *ListReplaysRequest) Reset() {
 	*x = ListReplaysRequest{}
-	mi := &file_admin_v1_admin_proto_msgTypes[24]
+	mi := &file_admin_v1_admin_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2100,7 +2455,7 @@ func (x *ListReplaysRequest) String() string {
 func (*ListReplaysRequest) ProtoMessage() {}
 
 func (x *ListReplaysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[24]
+	mi := &file_admin_v1_admin_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2113,7 +2468,7 @@ func (x *ListReplaysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReplaysRequest.ProtoReflect.Descriptor instead.
 func (*ListReplaysRequest) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{24}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListReplaysRequest) GetSource() string {
@@ -2132,7 +2487,7 @@ type ListReplaysResponse struct {
 
 func (x *ListReplaysResponse) Reset() {
 	*x = ListReplaysResponse{}
-	mi := &file_admin_v1_admin_proto_msgTypes[25]
+	mi := &file_admin_v1_admin_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2144,7 +2499,7 @@ func (x *ListReplaysResponse) String() string {
 func (*ListReplaysResponse) ProtoMessage() {}
 
 func (x *ListReplaysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[25]
+	mi := &file_admin_v1_admin_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2157,7 +2512,7 @@ func (x *ListReplaysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReplaysResponse.ProtoReflect.Descriptor instead.
 func (*ListReplaysResponse) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{25}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListReplaysResponse) GetReplays() []*Replay {
@@ -2194,15 +2549,18 @@ type Replay struct {
 	Force            bool                   `protobuf:"varint,16,opt,name=force,proto3" json:"force,omitempty"`
 	Progress         *Progress              `protobuf:"bytes,17,opt,name=progress,proto3" json:"progress,omitempty"`
 	// The selected ids (a dry run's answer; a run's on request of one).
-	Ids           []string `protobuf:"bytes,18,rep,name=ids,proto3" json:"ids,omitempty"`
-	DryRun        bool     `protobuf:"varint,19,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	Ids    []string `protobuf:"bytes,18,rep,name=ids,proto3" json:"ids,omitempty"`
+	DryRun bool     `protobuf:"varint,19,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// Paused by an operator (PauseReplay) until resumed; paused and detail
+	// say so too.
+	Held          bool `protobuf:"varint,20,opt,name=held,proto3" json:"held,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Replay) Reset() {
 	*x = Replay{}
-	mi := &file_admin_v1_admin_proto_msgTypes[26]
+	mi := &file_admin_v1_admin_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2214,7 +2572,7 @@ func (x *Replay) String() string {
 func (*Replay) ProtoMessage() {}
 
 func (x *Replay) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[26]
+	mi := &file_admin_v1_admin_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2227,7 +2585,7 @@ func (x *Replay) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Replay.ProtoReflect.Descriptor instead.
 func (*Replay) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{26}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Replay) GetId() string {
@@ -2363,6 +2721,13 @@ func (x *Replay) GetDryRun() bool {
 	return false
 }
 
+func (x *Replay) GetHeld() bool {
+	if x != nil {
+		return x.Held
+	}
+	return false
+}
+
 type Progress struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Selected int64                  `protobuf:"varint,1,opt,name=selected,proto3" json:"selected,omitempty"`
@@ -2390,7 +2755,7 @@ type Progress struct {
 
 func (x *Progress) Reset() {
 	*x = Progress{}
-	mi := &file_admin_v1_admin_proto_msgTypes[27]
+	mi := &file_admin_v1_admin_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2402,7 +2767,7 @@ func (x *Progress) String() string {
 func (*Progress) ProtoMessage() {}
 
 func (x *Progress) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[27]
+	mi := &file_admin_v1_admin_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2415,7 +2780,7 @@ func (x *Progress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Progress.ProtoReflect.Descriptor instead.
 func (*Progress) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{27}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Progress) GetSelected() int64 {
@@ -2563,7 +2928,7 @@ const file_admin_v1_admin_proto_rawDesc = "" +
 	"\x04dest\x18\b \x01(\tR\x04dest\x12\x16\n" +
 	"\x06detail\x18\t \x01(\tR\x06detail\x12\x12\n" +
 	"\x04text\x18\n" +
-	" \x01(\tR\x04text\"\x80\x02\n" +
+	" \x01(\tR\x04text\"\x9b\x02\n" +
 	"\x16ListDeadLettersRequest\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x16\n" +
 	"\x06states\x18\x02 \x03(\tR\x06states\x12\x16\n" +
@@ -2572,7 +2937,8 @@ const file_admin_v1_admin_proto_rawDesc = "" +
 	"\x05until\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\x12\x1b\n" +
 	"\tpage_size\x18\x06 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\a \x01(\tR\tpageToken\"\xbe\x01\n" +
+	"page_token\x18\a \x01(\tR\tpageToken\x12\x19\n" +
+	"\bevent_id\x18\b \x01(\tR\aeventId\"\xbe\x01\n" +
 	"\x17ListDeadLettersResponse\x12?\n" +
 	"\fdead_letters\x18\x01 \x03(\v2\x1c.handoff.admin.v1.DeadLetterR\vdeadLetters\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12:\n" +
@@ -2673,11 +3039,32 @@ const file_admin_v1_admin_proto_rawDesc = "" +
 	"\x13CancelReplayRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x1a\n" +
-	"\boperator\x18\x03 \x01(\tR\boperator\",\n" +
+	"\boperator\x18\x03 \x01(\tR\boperator\"X\n" +
+	"\x12PauseReplayRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x1a\n" +
+	"\boperator\x18\x03 \x01(\tR\boperator\"Y\n" +
+	"\x13ResumeReplayRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x1a\n" +
+	"\boperator\x18\x03 \x01(\tR\boperator\"\x14\n" +
+	"\x12GetActivityRequest\"u\n" +
+	"\bActivity\x12-\n" +
+	"\x04step\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x04step\x12:\n" +
+	"\asources\x18\x02 \x03(\v2 .handoff.admin.v1.SourceActivityR\asources\"Z\n" +
+	"\x0eSourceActivity\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x124\n" +
+	"\x05steps\x18\x02 \x03(\v2\x1e.handoff.admin.v1.ActivityStepR\x05steps\"\xa9\x01\n" +
+	"\fActivityStep\x12*\n" +
+	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x18\n" +
+	"\ahandled\x18\x02 \x01(\x03R\ahandled\x12\x18\n" +
+	"\aretried\x18\x03 \x01(\x03R\aretried\x12#\n" +
+	"\rdead_lettered\x18\x04 \x01(\x03R\fdeadLettered\x12\x14\n" +
+	"\x05other\x18\x05 \x01(\x03R\x05other\",\n" +
 	"\x12ListReplaysRequest\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\"I\n" +
 	"\x13ListReplaysResponse\x122\n" +
-	"\areplays\x18\x01 \x03(\v2\x18.handoff.admin.v1.ReplayR\areplays\"\xf6\x04\n" +
+	"\areplays\x18\x01 \x03(\v2\x18.handoff.admin.v1.ReplayR\areplays\"\x8a\x05\n" +
 	"\x06Replay\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x14\n" +
@@ -2701,7 +3088,8 @@ const file_admin_v1_admin_proto_rawDesc = "" +
 	"\x05force\x18\x10 \x01(\bR\x05force\x126\n" +
 	"\bprogress\x18\x11 \x01(\v2\x1a.handoff.admin.v1.ProgressR\bprogress\x12\x10\n" +
 	"\x03ids\x18\x12 \x03(\tR\x03ids\x12\x17\n" +
-	"\adry_run\x18\x13 \x01(\bR\x06dryRun\"\xa2\x02\n" +
+	"\adry_run\x18\x13 \x01(\bR\x06dryRun\x12\x12\n" +
+	"\x04held\x18\x14 \x01(\bR\x04held\"\xa2\x02\n" +
 	"\bProgress\x12\x1a\n" +
 	"\bselected\x18\x01 \x01(\x03R\bselected\x12\x1c\n" +
 	"\tpublished\x18\x02 \x01(\x03R\tpublished\x12\x18\n" +
@@ -2711,7 +3099,7 @@ const file_admin_v1_admin_proto_rawDesc = "" +
 	"\askipped\x18\x06 \x01(\x03R\askipped\x12+\n" +
 	"\x03eta\x18\a \x01(\v2\x19.google.protobuf.DurationR\x03eta\x12\x12\n" +
 	"\x04rate\x18\b \x01(\x01R\x04rate\x121\n" +
-	"\x06waited\x18\t \x01(\v2\x19.google.protobuf.DurationR\x06waited2\xe4\x06\n" +
+	"\x06waited\x18\t \x01(\v2\x19.google.protobuf.DurationR\x06waited2\xd5\b\n" +
 	"\x05Admin\x12I\n" +
 	"\tGetStatus\x12\".handoff.admin.v1.GetStatusRequest\x1a\x18.handoff.admin.v1.Status\x12F\n" +
 	"\bGetEvent\x12!.handoff.admin.v1.GetEventRequest\x1a\x17.handoff.admin.v1.Event\x12U\n" +
@@ -2722,7 +3110,10 @@ const file_admin_v1_admin_proto_rawDesc = "" +
 	"\fCreateReplay\x12%.handoff.admin.v1.CreateReplayRequest\x1a\x18.handoff.admin.v1.Replay\x12I\n" +
 	"\tGetReplay\x12\".handoff.admin.v1.GetReplayRequest\x1a\x18.handoff.admin.v1.Replay\x12Z\n" +
 	"\vListReplays\x12$.handoff.admin.v1.ListReplaysRequest\x1a%.handoff.admin.v1.ListReplaysResponse\x12O\n" +
-	"\fCancelReplay\x12%.handoff.admin.v1.CancelReplayRequest\x1a\x18.handoff.admin.v1.ReplayB*Z(handoff.dev/handoff/api/admin/v1;adminv1b\x06proto3"
+	"\fCancelReplay\x12%.handoff.admin.v1.CancelReplayRequest\x1a\x18.handoff.admin.v1.Replay\x12M\n" +
+	"\vPauseReplay\x12$.handoff.admin.v1.PauseReplayRequest\x1a\x18.handoff.admin.v1.Replay\x12O\n" +
+	"\fResumeReplay\x12%.handoff.admin.v1.ResumeReplayRequest\x1a\x18.handoff.admin.v1.Replay\x12O\n" +
+	"\vGetActivity\x12$.handoff.admin.v1.GetActivityRequest\x1a\x1a.handoff.admin.v1.ActivityB*Z(handoff.dev/handoff/api/admin/v1;adminv1b\x06proto3"
 
 var (
 	file_admin_v1_admin_proto_rawDescOnce sync.Once
@@ -2736,7 +3127,7 @@ func file_admin_v1_admin_proto_rawDescGZIP() []byte {
 	return file_admin_v1_admin_proto_rawDescData
 }
 
-var file_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_admin_v1_admin_proto_goTypes = []any{
 	(*GetStatusRequest)(nil),           // 0: handoff.admin.v1.GetStatusRequest
 	(*Status)(nil),                     // 1: handoff.admin.v1.Status
@@ -2762,84 +3153,100 @@ var file_admin_v1_admin_proto_goTypes = []any{
 	(*CreateReplayRequest)(nil),        // 21: handoff.admin.v1.CreateReplayRequest
 	(*GetReplayRequest)(nil),           // 22: handoff.admin.v1.GetReplayRequest
 	(*CancelReplayRequest)(nil),        // 23: handoff.admin.v1.CancelReplayRequest
-	(*ListReplaysRequest)(nil),         // 24: handoff.admin.v1.ListReplaysRequest
-	(*ListReplaysResponse)(nil),        // 25: handoff.admin.v1.ListReplaysResponse
-	(*Replay)(nil),                     // 26: handoff.admin.v1.Replay
-	(*Progress)(nil),                   // 27: handoff.admin.v1.Progress
-	nil,                                // 28: handoff.admin.v1.DeadLetterCounts.ByStateEntry
-	nil,                                // 29: handoff.admin.v1.DeadLetter.HeadersEntry
-	(*timestamppb.Timestamp)(nil),      // 30: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),        // 31: google.protobuf.Duration
+	(*PauseReplayRequest)(nil),         // 24: handoff.admin.v1.PauseReplayRequest
+	(*ResumeReplayRequest)(nil),        // 25: handoff.admin.v1.ResumeReplayRequest
+	(*GetActivityRequest)(nil),         // 26: handoff.admin.v1.GetActivityRequest
+	(*Activity)(nil),                   // 27: handoff.admin.v1.Activity
+	(*SourceActivity)(nil),             // 28: handoff.admin.v1.SourceActivity
+	(*ActivityStep)(nil),               // 29: handoff.admin.v1.ActivityStep
+	(*ListReplaysRequest)(nil),         // 30: handoff.admin.v1.ListReplaysRequest
+	(*ListReplaysResponse)(nil),        // 31: handoff.admin.v1.ListReplaysResponse
+	(*Replay)(nil),                     // 32: handoff.admin.v1.Replay
+	(*Progress)(nil),                   // 33: handoff.admin.v1.Progress
+	nil,                                // 34: handoff.admin.v1.DeadLetterCounts.ByStateEntry
+	nil,                                // 35: handoff.admin.v1.DeadLetter.HeadersEntry
+	(*timestamppb.Timestamp)(nil),      // 36: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 37: google.protobuf.Duration
 }
 var file_admin_v1_admin_proto_depIdxs = []int32{
-	30, // 0: handoff.admin.v1.Status.started_at:type_name -> google.protobuf.Timestamp
+	36, // 0: handoff.admin.v1.Status.started_at:type_name -> google.protobuf.Timestamp
 	4,  // 1: handoff.admin.v1.Status.sources:type_name -> handoff.admin.v1.SourceStatus
 	2,  // 2: handoff.admin.v1.Status.calls:type_name -> handoff.admin.v1.Calls
 	3,  // 3: handoff.admin.v1.Status.budget:type_name -> handoff.admin.v1.Budget
 	7,  // 4: handoff.admin.v1.Status.journal:type_name -> handoff.admin.v1.Journal
-	30, // 5: handoff.admin.v1.Calls.overload_until:type_name -> google.protobuf.Timestamp
-	31, // 6: handoff.admin.v1.SourceStatus.oldest_unsettled_age:type_name -> google.protobuf.Duration
+	36, // 5: handoff.admin.v1.Calls.overload_until:type_name -> google.protobuf.Timestamp
+	37, // 6: handoff.admin.v1.SourceStatus.oldest_unsettled_age:type_name -> google.protobuf.Duration
 	6,  // 7: handoff.admin.v1.SourceStatus.retry_tiers:type_name -> handoff.admin.v1.RetryTier
 	14, // 8: handoff.admin.v1.SourceStatus.dead_letters:type_name -> handoff.admin.v1.DeadLetterCounts
 	5,  // 9: handoff.admin.v1.SourceStatus.backlog:type_name -> handoff.admin.v1.Backlog
-	31, // 10: handoff.admin.v1.Backlog.drain:type_name -> google.protobuf.Duration
-	31, // 11: handoff.admin.v1.RetryTier.delay:type_name -> google.protobuf.Duration
-	31, // 12: handoff.admin.v1.Journal.commit_p50:type_name -> google.protobuf.Duration
-	31, // 13: handoff.admin.v1.Journal.commit_max:type_name -> google.protobuf.Duration
+	37, // 10: handoff.admin.v1.Backlog.drain:type_name -> google.protobuf.Duration
+	37, // 11: handoff.admin.v1.RetryTier.delay:type_name -> google.protobuf.Duration
+	37, // 12: handoff.admin.v1.Journal.commit_p50:type_name -> google.protobuf.Duration
+	37, // 13: handoff.admin.v1.Journal.commit_max:type_name -> google.protobuf.Duration
 	10, // 14: handoff.admin.v1.Event.handoffs:type_name -> handoff.admin.v1.Handoff
 	11, // 15: handoff.admin.v1.Handoff.steps:type_name -> handoff.admin.v1.Step
-	30, // 16: handoff.admin.v1.Step.at:type_name -> google.protobuf.Timestamp
-	31, // 17: handoff.admin.v1.Step.latency:type_name -> google.protobuf.Duration
-	30, // 18: handoff.admin.v1.ListDeadLettersRequest.since:type_name -> google.protobuf.Timestamp
-	30, // 19: handoff.admin.v1.ListDeadLettersRequest.until:type_name -> google.protobuf.Timestamp
+	36, // 16: handoff.admin.v1.Step.at:type_name -> google.protobuf.Timestamp
+	37, // 17: handoff.admin.v1.Step.latency:type_name -> google.protobuf.Duration
+	36, // 18: handoff.admin.v1.ListDeadLettersRequest.since:type_name -> google.protobuf.Timestamp
+	36, // 19: handoff.admin.v1.ListDeadLettersRequest.until:type_name -> google.protobuf.Timestamp
 	15, // 20: handoff.admin.v1.ListDeadLettersResponse.dead_letters:type_name -> handoff.admin.v1.DeadLetter
 	14, // 21: handoff.admin.v1.ListDeadLettersResponse.counts:type_name -> handoff.admin.v1.DeadLetterCounts
-	28, // 22: handoff.admin.v1.DeadLetterCounts.by_state:type_name -> handoff.admin.v1.DeadLetterCounts.ByStateEntry
-	30, // 23: handoff.admin.v1.DeadLetterCounts.oldest_open_at:type_name -> google.protobuf.Timestamp
-	31, // 24: handoff.admin.v1.DeadLetterCounts.oldest_open_age:type_name -> google.protobuf.Duration
-	30, // 25: handoff.admin.v1.DeadLetter.first_failure_at:type_name -> google.protobuf.Timestamp
-	30, // 26: handoff.admin.v1.DeadLetter.dead_lettered_at:type_name -> google.protobuf.Timestamp
-	29, // 27: handoff.admin.v1.DeadLetter.headers:type_name -> handoff.admin.v1.DeadLetter.HeadersEntry
+	34, // 22: handoff.admin.v1.DeadLetterCounts.by_state:type_name -> handoff.admin.v1.DeadLetterCounts.ByStateEntry
+	36, // 23: handoff.admin.v1.DeadLetterCounts.oldest_open_at:type_name -> google.protobuf.Timestamp
+	37, // 24: handoff.admin.v1.DeadLetterCounts.oldest_open_age:type_name -> google.protobuf.Duration
+	36, // 25: handoff.admin.v1.DeadLetter.first_failure_at:type_name -> google.protobuf.Timestamp
+	36, // 26: handoff.admin.v1.DeadLetter.dead_lettered_at:type_name -> google.protobuf.Timestamp
+	35, // 27: handoff.admin.v1.DeadLetter.headers:type_name -> handoff.admin.v1.DeadLetter.HeadersEntry
 	16, // 28: handoff.admin.v1.DeadLetter.repair:type_name -> handoff.admin.v1.Repair
 	17, // 29: handoff.admin.v1.DeadLetter.history:type_name -> handoff.admin.v1.LedgerRecord
 	10, // 30: handoff.admin.v1.DeadLetter.handoffs:type_name -> handoff.admin.v1.Handoff
-	30, // 31: handoff.admin.v1.LedgerRecord.at:type_name -> google.protobuf.Timestamp
+	36, // 31: handoff.admin.v1.LedgerRecord.at:type_name -> google.protobuf.Timestamp
 	16, // 32: handoff.admin.v1.LedgerRecord.repair:type_name -> handoff.admin.v1.Repair
-	30, // 33: handoff.admin.v1.CreateReplayRequest.since:type_name -> google.protobuf.Timestamp
-	30, // 34: handoff.admin.v1.CreateReplayRequest.until:type_name -> google.protobuf.Timestamp
-	31, // 35: handoff.admin.v1.CreateReplayRequest.sample_timeout:type_name -> google.protobuf.Duration
-	26, // 36: handoff.admin.v1.ListReplaysResponse.replays:type_name -> handoff.admin.v1.Replay
-	30, // 37: handoff.admin.v1.Replay.heartbeat_at:type_name -> google.protobuf.Timestamp
-	30, // 38: handoff.admin.v1.Replay.created_at:type_name -> google.protobuf.Timestamp
-	30, // 39: handoff.admin.v1.Replay.ended_at:type_name -> google.protobuf.Timestamp
-	27, // 40: handoff.admin.v1.Replay.progress:type_name -> handoff.admin.v1.Progress
-	31, // 41: handoff.admin.v1.Progress.eta:type_name -> google.protobuf.Duration
-	31, // 42: handoff.admin.v1.Progress.waited:type_name -> google.protobuf.Duration
-	0,  // 43: handoff.admin.v1.Admin.GetStatus:input_type -> handoff.admin.v1.GetStatusRequest
-	8,  // 44: handoff.admin.v1.Admin.GetEvent:input_type -> handoff.admin.v1.GetEventRequest
-	18, // 45: handoff.admin.v1.Admin.GetDeadLetter:input_type -> handoff.admin.v1.GetDeadLetterRequest
-	12, // 46: handoff.admin.v1.Admin.ListDeadLetters:input_type -> handoff.admin.v1.ListDeadLettersRequest
-	19, // 47: handoff.admin.v1.Admin.ApproveDeadLetter:input_type -> handoff.admin.v1.ApproveDeadLetterRequest
-	20, // 48: handoff.admin.v1.Admin.TerminateDeadLetter:input_type -> handoff.admin.v1.TerminateDeadLetterRequest
-	21, // 49: handoff.admin.v1.Admin.CreateReplay:input_type -> handoff.admin.v1.CreateReplayRequest
-	22, // 50: handoff.admin.v1.Admin.GetReplay:input_type -> handoff.admin.v1.GetReplayRequest
-	24, // 51: handoff.admin.v1.Admin.ListReplays:input_type -> handoff.admin.v1.ListReplaysRequest
-	23, // 52: handoff.admin.v1.Admin.CancelReplay:input_type -> handoff.admin.v1.CancelReplayRequest
-	1,  // 53: handoff.admin.v1.Admin.GetStatus:output_type -> handoff.admin.v1.Status
-	9,  // 54: handoff.admin.v1.Admin.GetEvent:output_type -> handoff.admin.v1.Event
-	15, // 55: handoff.admin.v1.Admin.GetDeadLetter:output_type -> handoff.admin.v1.DeadLetter
-	13, // 56: handoff.admin.v1.Admin.ListDeadLetters:output_type -> handoff.admin.v1.ListDeadLettersResponse
-	15, // 57: handoff.admin.v1.Admin.ApproveDeadLetter:output_type -> handoff.admin.v1.DeadLetter
-	15, // 58: handoff.admin.v1.Admin.TerminateDeadLetter:output_type -> handoff.admin.v1.DeadLetter
-	26, // 59: handoff.admin.v1.Admin.CreateReplay:output_type -> handoff.admin.v1.Replay
-	26, // 60: handoff.admin.v1.Admin.GetReplay:output_type -> handoff.admin.v1.Replay
-	25, // 61: handoff.admin.v1.Admin.ListReplays:output_type -> handoff.admin.v1.ListReplaysResponse
-	26, // 62: handoff.admin.v1.Admin.CancelReplay:output_type -> handoff.admin.v1.Replay
-	53, // [53:63] is the sub-list for method output_type
-	43, // [43:53] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	36, // 33: handoff.admin.v1.CreateReplayRequest.since:type_name -> google.protobuf.Timestamp
+	36, // 34: handoff.admin.v1.CreateReplayRequest.until:type_name -> google.protobuf.Timestamp
+	37, // 35: handoff.admin.v1.CreateReplayRequest.sample_timeout:type_name -> google.protobuf.Duration
+	37, // 36: handoff.admin.v1.Activity.step:type_name -> google.protobuf.Duration
+	28, // 37: handoff.admin.v1.Activity.sources:type_name -> handoff.admin.v1.SourceActivity
+	29, // 38: handoff.admin.v1.SourceActivity.steps:type_name -> handoff.admin.v1.ActivityStep
+	36, // 39: handoff.admin.v1.ActivityStep.at:type_name -> google.protobuf.Timestamp
+	32, // 40: handoff.admin.v1.ListReplaysResponse.replays:type_name -> handoff.admin.v1.Replay
+	36, // 41: handoff.admin.v1.Replay.heartbeat_at:type_name -> google.protobuf.Timestamp
+	36, // 42: handoff.admin.v1.Replay.created_at:type_name -> google.protobuf.Timestamp
+	36, // 43: handoff.admin.v1.Replay.ended_at:type_name -> google.protobuf.Timestamp
+	33, // 44: handoff.admin.v1.Replay.progress:type_name -> handoff.admin.v1.Progress
+	37, // 45: handoff.admin.v1.Progress.eta:type_name -> google.protobuf.Duration
+	37, // 46: handoff.admin.v1.Progress.waited:type_name -> google.protobuf.Duration
+	0,  // 47: handoff.admin.v1.Admin.GetStatus:input_type -> handoff.admin.v1.GetStatusRequest
+	8,  // 48: handoff.admin.v1.Admin.GetEvent:input_type -> handoff.admin.v1.GetEventRequest
+	18, // 49: handoff.admin.v1.Admin.GetDeadLetter:input_type -> handoff.admin.v1.GetDeadLetterRequest
+	12, // 50: handoff.admin.v1.Admin.ListDeadLetters:input_type -> handoff.admin.v1.ListDeadLettersRequest
+	19, // 51: handoff.admin.v1.Admin.ApproveDeadLetter:input_type -> handoff.admin.v1.ApproveDeadLetterRequest
+	20, // 52: handoff.admin.v1.Admin.TerminateDeadLetter:input_type -> handoff.admin.v1.TerminateDeadLetterRequest
+	21, // 53: handoff.admin.v1.Admin.CreateReplay:input_type -> handoff.admin.v1.CreateReplayRequest
+	22, // 54: handoff.admin.v1.Admin.GetReplay:input_type -> handoff.admin.v1.GetReplayRequest
+	30, // 55: handoff.admin.v1.Admin.ListReplays:input_type -> handoff.admin.v1.ListReplaysRequest
+	23, // 56: handoff.admin.v1.Admin.CancelReplay:input_type -> handoff.admin.v1.CancelReplayRequest
+	24, // 57: handoff.admin.v1.Admin.PauseReplay:input_type -> handoff.admin.v1.PauseReplayRequest
+	25, // 58: handoff.admin.v1.Admin.ResumeReplay:input_type -> handoff.admin.v1.ResumeReplayRequest
+	26, // 59: handoff.admin.v1.Admin.GetActivity:input_type -> handoff.admin.v1.GetActivityRequest
+	1,  // 60: handoff.admin.v1.Admin.GetStatus:output_type -> handoff.admin.v1.Status
+	9,  // 61: handoff.admin.v1.Admin.GetEvent:output_type -> handoff.admin.v1.Event
+	15, // 62: handoff.admin.v1.Admin.GetDeadLetter:output_type -> handoff.admin.v1.DeadLetter
+	13, // 63: handoff.admin.v1.Admin.ListDeadLetters:output_type -> handoff.admin.v1.ListDeadLettersResponse
+	15, // 64: handoff.admin.v1.Admin.ApproveDeadLetter:output_type -> handoff.admin.v1.DeadLetter
+	15, // 65: handoff.admin.v1.Admin.TerminateDeadLetter:output_type -> handoff.admin.v1.DeadLetter
+	32, // 66: handoff.admin.v1.Admin.CreateReplay:output_type -> handoff.admin.v1.Replay
+	32, // 67: handoff.admin.v1.Admin.GetReplay:output_type -> handoff.admin.v1.Replay
+	31, // 68: handoff.admin.v1.Admin.ListReplays:output_type -> handoff.admin.v1.ListReplaysResponse
+	32, // 69: handoff.admin.v1.Admin.CancelReplay:output_type -> handoff.admin.v1.Replay
+	32, // 70: handoff.admin.v1.Admin.PauseReplay:output_type -> handoff.admin.v1.Replay
+	32, // 71: handoff.admin.v1.Admin.ResumeReplay:output_type -> handoff.admin.v1.Replay
+	27, // 72: handoff.admin.v1.Admin.GetActivity:output_type -> handoff.admin.v1.Activity
+	60, // [60:73] is the sub-list for method output_type
+	47, // [47:60] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_admin_v1_admin_proto_init() }
@@ -2853,7 +3260,7 @@ func file_admin_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_admin_v1_admin_proto_rawDesc), len(file_admin_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   30,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -33,6 +33,9 @@ const (
 	Admin_GetReplay_FullMethodName           = "/handoff.admin.v1.Admin/GetReplay"
 	Admin_ListReplays_FullMethodName         = "/handoff.admin.v1.Admin/ListReplays"
 	Admin_CancelReplay_FullMethodName        = "/handoff.admin.v1.Admin/CancelReplay"
+	Admin_PauseReplay_FullMethodName         = "/handoff.admin.v1.Admin/PauseReplay"
+	Admin_ResumeReplay_FullMethodName        = "/handoff.admin.v1.Admin/ResumeReplay"
+	Admin_GetActivity_FullMethodName         = "/handoff.admin.v1.Admin/GetActivity"
 )
 
 // AdminClient is the client API for Admin service.
@@ -68,6 +71,14 @@ type AdminClient interface {
 	// POST /v1/replays/{id}:cancel: stop a replay; what it published stays
 	// published.
 	CancelReplay(ctx context.Context, in *CancelReplayRequest, opts ...grpc.CallOption) (*Replay, error)
+	// POST /v1/replays/{id}:pause: hold a replay before its next publish,
+	// until it is resumed; what it published stays published.
+	PauseReplay(ctx context.Context, in *PauseReplayRequest, opts ...grpc.CallOption) (*Replay, error)
+	// POST /v1/replays/{id}:resume: let a paused replay go on.
+	ResumeReplay(ctx context.Context, in *ResumeReplayRequest, opts ...grpc.CallOption) (*Replay, error)
+	// GET /v1/activity: what each source's messages came to, step by step,
+	// over the last 15 minutes: the rates behind the console's chart.
+	GetActivity(ctx context.Context, in *GetActivityRequest, opts ...grpc.CallOption) (*Activity, error)
 }
 
 type adminClient struct {
@@ -178,6 +189,36 @@ func (c *adminClient) CancelReplay(ctx context.Context, in *CancelReplayRequest,
 	return out, nil
 }
 
+func (c *adminClient) PauseReplay(ctx context.Context, in *PauseReplayRequest, opts ...grpc.CallOption) (*Replay, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Replay)
+	err := c.cc.Invoke(ctx, Admin_PauseReplay_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) ResumeReplay(ctx context.Context, in *ResumeReplayRequest, opts ...grpc.CallOption) (*Replay, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Replay)
+	err := c.cc.Invoke(ctx, Admin_ResumeReplay_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) GetActivity(ctx context.Context, in *GetActivityRequest, opts ...grpc.CallOption) (*Activity, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Activity)
+	err := c.cc.Invoke(ctx, Admin_GetActivity_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -211,6 +252,14 @@ type AdminServer interface {
 	// POST /v1/replays/{id}:cancel: stop a replay; what it published stays
 	// published.
 	CancelReplay(context.Context, *CancelReplayRequest) (*Replay, error)
+	// POST /v1/replays/{id}:pause: hold a replay before its next publish,
+	// until it is resumed; what it published stays published.
+	PauseReplay(context.Context, *PauseReplayRequest) (*Replay, error)
+	// POST /v1/replays/{id}:resume: let a paused replay go on.
+	ResumeReplay(context.Context, *ResumeReplayRequest) (*Replay, error)
+	// GET /v1/activity: what each source's messages came to, step by step,
+	// over the last 15 minutes: the rates behind the console's chart.
+	GetActivity(context.Context, *GetActivityRequest) (*Activity, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -250,6 +299,15 @@ func (UnimplementedAdminServer) ListReplays(context.Context, *ListReplaysRequest
 }
 func (UnimplementedAdminServer) CancelReplay(context.Context, *CancelReplayRequest) (*Replay, error) {
 	return nil, status.Error(codes.Unimplemented, "method CancelReplay not implemented")
+}
+func (UnimplementedAdminServer) PauseReplay(context.Context, *PauseReplayRequest) (*Replay, error) {
+	return nil, status.Error(codes.Unimplemented, "method PauseReplay not implemented")
+}
+func (UnimplementedAdminServer) ResumeReplay(context.Context, *ResumeReplayRequest) (*Replay, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResumeReplay not implemented")
+}
+func (UnimplementedAdminServer) GetActivity(context.Context, *GetActivityRequest) (*Activity, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetActivity not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -452,6 +510,60 @@ func _Admin_CancelReplay_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_PauseReplay_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PauseReplayRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).PauseReplay(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_PauseReplay_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).PauseReplay(ctx, req.(*PauseReplayRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_ResumeReplay_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResumeReplayRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ResumeReplay(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ResumeReplay_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ResumeReplay(ctx, req.(*ResumeReplayRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_GetActivity_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetActivityRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).GetActivity(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_GetActivity_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).GetActivity(ctx, req.(*GetActivityRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -498,6 +610,18 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CancelReplay",
 			Handler:    _Admin_CancelReplay_Handler,
+		},
+		{
+			MethodName: "PauseReplay",
+			Handler:    _Admin_PauseReplay_Handler,
+		},
+		{
+			MethodName: "ResumeReplay",
+			Handler:    _Admin_ResumeReplay_Handler,
+		},
+		{
+			MethodName: "GetActivity",
+			Handler:    _Admin_GetActivity_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -109,7 +109,8 @@ func compareID(a, b deadletter.ID) int {
 
 func match(f *deadletter.Filter, l *deadletter.Letter) bool {
 	switch {
-	case f.Source != "" && l.Source != f.Source, f.Reason != "" && l.Reason != f.Reason:
+	case f.Source != "" && l.Source != f.Source, f.Reason != "" && l.Reason != f.Reason,
+		f.EventID != "" && l.EventID != f.EventID:
 		return false
 	case !f.Since.IsZero() && l.DeadLetteredAt.Before(f.Since), !f.Until.IsZero() && !l.DeadLetteredAt.Before(f.Until):
 		return false
@@ -350,5 +351,29 @@ func (d *DeadLetters) CancelReplay(_ context.Context, id, who, why string) (dead
 		return cloneRun(r), fmt.Errorf("%w: replay %s is %s", deadletter.ErrIllegal, id, r.State)
 	}
 	r.State, r.EndedAt, r.Detail = deadletter.RunCancelled, d.now().UTC(), fmt.Sprintf("cancelled by %s: %s", who, why)
+	return cloneRun(r), nil
+}
+
+// PauseReplay implements admin.DeadLetters.
+func (d *DeadLetters) PauseReplay(_ context.Context, id, who, why string) (deadletter.Run, error) {
+	return d.hold(id, true, "paused by "+who+": "+why)
+}
+
+// ResumeReplay implements admin.DeadLetters.
+func (d *DeadLetters) ResumeReplay(_ context.Context, id, who, why string) (deadletter.Run, error) {
+	return d.hold(id, false, "")
+}
+
+func (d *DeadLetters) hold(id string, held bool, detail string) (deadletter.Run, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r, err := d.run(id)
+	if err != nil {
+		return deadletter.Run{}, err
+	}
+	if r.Ended() || r.Held == held {
+		return cloneRun(r), fmt.Errorf("%w: replay %s is %s (held %t)", deadletter.ErrIllegal, id, r.State, r.Held)
+	}
+	r.Held, r.HeldWhy, r.Paused, r.Detail = held, detail, held, detail
 	return cloneRun(r), nil
 }
