@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 
 	adminv1 "handoff.dev/handoff/api/admin/v1"
+	"handoff.dev/handoff/internal/console"
 	"handoff.dev/handoff/internal/telemetry"
 )
 
@@ -94,6 +95,12 @@ func Listen(o Options) (*Server, error) {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/openapi.json", openAPI)
+	// The console's files hold nothing of the sidecar: open, as the
+	// OpenAPI document is. What they show comes from /v1, behind the guard.
+	ui := console.Handler()
+	mux.Handle("GET "+console.Prefix, ui)
+	mux.Handle("GET "+strings.TrimSuffix(console.Prefix, "/"), ui)
+	mux.Handle("GET /{$}", http.RedirectHandler(console.Prefix, http.StatusFound))
 	mux.Handle("/", auth.rest(gw)) // the gateway's own 404 past the guard
 
 	ln, err := net.Listen("tcp", o.Listen)

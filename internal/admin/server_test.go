@@ -62,3 +62,45 @@ func TestEventIDsInTheRESTPath(t *testing.T) {
 		}
 	}
 }
+
+// The console's files are open (they hold nothing of the sidecar), "/"
+// leads to them, and what they show stays behind the token: a call from the
+// page without it, or with a wrong one, is refused.
+func TestConsoleServedBesideTheAPI(t *testing.T) {
+	s, err := Listen(Options{Listen: "127.0.0.1:0", Token: []byte("tok"), Engine: fakeEngine{}, Journal: &askedJournal{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.Serve(t, s.Run)
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	get := func(path, auth string) *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, "http://"+s.Addr()+path, nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := noRedirect.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	if r := get("/ui/", ""); r.StatusCode != 200 || r.Header.Get("Content-Security-Policy") == "" {
+		t.Errorf("GET /ui/: %d, policy %q", r.StatusCode, r.Header.Get("Content-Security-Policy"))
+	}
+	if r := get("/", ""); r.StatusCode != http.StatusFound || r.Header.Get("Location") != "/ui/" {
+		t.Errorf("GET /: %d to %q", r.StatusCode, r.Header.Get("Location"))
+	}
+	for _, auth := range []string{"", "Bearer wrong"} {
+		if r := get("/v1/activity", auth); r.StatusCode != http.StatusUnauthorized {
+			t.Errorf("GET /v1/activity with %q: %d", auth, r.StatusCode)
+		}
+	}
+	if r := get("/v1/activity", "Bearer tok"); r.StatusCode != 200 {
+		t.Errorf("GET /v1/activity with the token: %d", r.StatusCode)
+	}
+	if r := get("/ui2", ""); r.StatusCode != http.StatusUnauthorized {
+		t.Errorf("GET /ui2 (not the console): %d, want the guard's 401", r.StatusCode)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -110,6 +111,11 @@ func Run(ctx context.Context, out io.Writer, o Options) error {
 	fmt.Fprintf(out, "Retry tiers 1s and 3s, max 4 attempts; dead letters go to %s. Ctrl-C to stop.\n\n", kafka.DeadLetterTopic(Topic, Group))
 	fmt.Fprintf(out, "Metrics at http://%s/metrics (health: /readyz).\n", s.HealthAddr())
 	if a := s.AdminAddr(); a != "" {
+		tok, err := os.ReadFile(cfg.Admin.TokenFile)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "Console at http://%s/ui/ (token %s, kept in %s).\n", a, strings.TrimSpace(string(tok)), cfg.Admin.TokenFile)
 		fmt.Fprintf(out, "Admin API at %s; in another terminal, while this runs:\n  %s dlq list --admin %s --token-file %s\n\n",
 			a, o.Command, a, cfg.Admin.TokenFile)
 	}

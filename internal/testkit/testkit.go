@@ -61,7 +61,11 @@ func ClosedAddr(t testing.TB) string {
 	return addr
 }
 
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/ (and the console's screenshots in docs/)")
+
+// Update says whether the test run was asked to rewrite what it compares
+// against (-update).
+func Update() bool { return *update }
 
 // Golden compares got with testdata/name, which -update rewrites.
 func Golden(t testing.TB, name, got string) {
