@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"io"
+	"net/http"
 	"os/exec"
 	"regexp"
 	"strconv"
@@ -69,6 +71,27 @@ func TestDevStopsOnInterrupt(t *testing.T) {
 	t.Cleanup(func() { _ = cmd.Process.Kill() }) // should the wait below fail
 	// Ctrl-C once the demo is running: an order has been handled.
 	testkit.Eventually(t, 60*time.Second, "the first order handled", func() bool { return strings.Contains(out.String(), "handled") })
+	// The console it names is there, and shows the demo's dead letters.
+	m := regexp.MustCompile(`Console at (http://\S+/ui/) \(token ([0-9a-f]+),`).FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatalf("no console line:\n%s", out.String())
+	}
+	if resp, err := http.Get(m[1]); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("GET %s: %v %v", m[1], resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	testkit.Eventually(t, 30*time.Second, "the demo's dead letter in the console's list", func() bool {
+		req, _ := http.NewRequest("GET", strings.TrimSuffix(m[1], "/ui/")+"/v1/deadletters", nil)
+		req.Header.Set("Authorization", "Bearer "+m[2])
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode == 200 && strings.Contains(string(body), `"eventId":"order-0005"`)
+	})
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}

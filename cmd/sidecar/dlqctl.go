@@ -112,13 +112,14 @@ func timeOrAgo(name, v string, now time.Time) (*timestamppb.Timestamp, error) {
 
 func dlqListCmd() *cobra.Command {
 	var (
-		f     adminFlags
-		sel   dlqSelection
-		limit int
-		all   bool
+		f       adminFlags
+		sel     dlqSelection
+		eventID string
+		limit   int
+		all     bool
 	)
 	cmd := &cobra.Command{
-		Use: "list [--source S] [--state S]... [--dead-reason R] [--since T] [--until T] [--limit N] [--all]",
+		Use: "list [--source S] [--state S]... [--dead-reason R] [--since T] [--until T] [--event-id ID] [--limit N] [--all]",
 		Example: `  sidecar dlq list
   sidecar dlq list --source payments --state pending --dead-reason permanent --since 2h
   sidecar dlq list --all -o json`,
@@ -138,7 +139,7 @@ func dlqListCmd() *cobra.Command {
 			}
 			defer done()
 			req := &adminv1.ListDeadLettersRequest{Source: sel.source, States: sel.states, Reason: sel.reason,
-				Since: since, Until: until, PageSize: int32(limit)}
+				Since: since, Until: until, EventId: eventID, PageSize: int32(limit)}
 			var out *adminv1.ListDeadLettersResponse
 			for {
 				ctx, cancel := context.WithTimeout(cmd.Context(), f.timeout)
@@ -166,6 +167,7 @@ func dlqListCmd() *cobra.Command {
 		},
 	}
 	sel.add(cmd)
+	cmd.Flags().StringVar(&eventID, "event-id", "", "only the dead letters of this event")
 	cmd.Flags().IntVar(&limit, "limit", deadletter.DefaultLimit, "dead letters asked for at a time")
 	cmd.Flags().BoolVar(&all, "all", false, "list every page, not only the first")
 	f.add(cmd)

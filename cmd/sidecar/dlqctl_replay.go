@@ -20,9 +20,9 @@ func replayCmd() *cobra.Command {
 		Example: `  sidecar replay start --source orders --dry-run
   sidecar replay start --source orders --sample 5 --reason "fix deployed" --follow
   sidecar replay list`,
-		Short: "Start, follow, list and cancel replays of a running sidecar's dead letters",
+		Short: "Start, follow, list, pause and cancel replays of a running sidecar's dead letters",
 	}
-	cmd.AddCommand(replayStartCmd(), replayStatusCmd(), replayListCmd(), replayCancelCmd())
+	cmd.AddCommand(replayStartCmd(), replayStatusCmd(), replayListCmd(), replayCancelCmd(), replayPauseCmd(), replayResumeCmd())
 	return refuseBadFlags(cmd)
 }
 
@@ -191,18 +191,45 @@ func replayListCmd() *cobra.Command {
 }
 
 func replayCancelCmd() *cobra.Command {
+	return replayOpCmd("cancel", "Stop a replay; what it published stays published",
+		`  sidecar replay cancel replay-20261201T174204Z-d42013a3 --reason "want a sample first"`,
+		func(ctx context.Context, c adminv1.AdminClient, id, reason, operator string) (*adminv1.Replay, error) {
+			return c.CancelReplay(ctx, &adminv1.CancelReplayRequest{Id: id, Reason: reason, Operator: operator})
+		})
+}
+
+func replayPauseCmd() *cobra.Command {
+	return replayOpCmd("pause", "Hold a replay before its next publish, until it is resumed",
+		`  sidecar replay pause replay-20261201T174204Z-d42013a3 --reason "the app is being fixed"`,
+		func(ctx context.Context, c adminv1.AdminClient, id, reason, operator string) (*adminv1.Replay, error) {
+			return c.PauseReplay(ctx, &adminv1.PauseReplayRequest{Id: id, Reason: reason, Operator: operator})
+		})
+}
+
+func replayResumeCmd() *cobra.Command {
+	return replayOpCmd("resume", "Let a paused replay go on",
+		`  sidecar replay resume replay-20261201T174204Z-d42013a3`,
+		func(ctx context.Context, c adminv1.AdminClient, id, reason, operator string) (*adminv1.Replay, error) {
+			return c.ResumeReplay(ctx, &adminv1.ResumeReplayRequest{Id: id, Reason: reason, Operator: operator})
+		})
+}
+
+// replayOpCmd is an operator's command on one replay: cancel, pause or
+// resume, with a reason and an operator recorded in the ledger.
+func replayOpCmd(verb, short, example string,
+	do func(ctx context.Context, c adminv1.AdminClient, id, reason, operator string) (*adminv1.Replay, error)) *cobra.Command {
 	var (
 		f                adminFlags
 		reason, operator string
 	)
 	cmd := &cobra.Command{
-		Use:     "cancel ID [--reason R]",
-		Example: `  sidecar replay cancel replay-20261201T174204Z-d42013a3 --reason "want a sample first"`,
-		Short:   "Stop a replay; what it published stays published",
+		Use:     verb + " ID [--reason R]",
+		Example: example,
+		Short:   short,
 		Args:    usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			m, err := f.call(cmd.Context(), func(ctx context.Context, c adminv1.AdminClient) (proto.Message, error) {
-				return c.CancelReplay(ctx, &adminv1.CancelReplayRequest{Id: args[0], Reason: reason, Operator: operator})
+				return do(ctx, c, args[0], reason, operator)
 			})
 			if err != nil {
 				return err

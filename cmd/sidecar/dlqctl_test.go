@@ -102,6 +102,11 @@ func TestDlqList(t *testing.T) {
 		t.Errorf("dlq list --source orders --state terminated,approved --since …:\n%s", out)
 	}
 
+	out, _, err = dlqRun(t, append([]string{"dlq", "list", "--event-id", "bill-9"}, conn...)...)
+	if err != nil || strings.Count(out, ".dlq/") != 1 || !strings.Contains(out, "orders.billing.dlq/0/17") {
+		t.Errorf("dlq list --event-id bill-9: %v\n%s", err, out)
+	}
+
 	// One at a time: the first page says there is more; --all reads on.
 	out, _, err = dlqRun(t, append([]string{"dlq", "list", "--limit", "1"}, conn...)...)
 	if err != nil || strings.Count(out, ".dlq/") != 1 || !strings.Contains(out, "--all") {
@@ -289,14 +294,25 @@ func TestReplayStartFollow(t *testing.T) {
 	}
 }
 
-// replay cancel stops a running replay; status --follow then ends at once.
+// replay pause holds a running replay and resume lets it go on; cancel
+// stops it, and status --follow then ends at once.
 func TestReplayCancel(t *testing.T) {
 	addr, tok, _ := dlqServer(t)
 	conn := []string{"--admin", addr, "--token-file", tok}
 	if _, errOut, err := dlqRun(t, append([]string{"replay", "start", "orders.dlq/3", "--force"}, conn...)...); err != nil {
 		t.Fatalf("replay start: %v\n%s", err, errOut)
 	}
-	out, _, err := dlqRun(t, append([]string{"replay", "cancel", "r1", "--reason", "wrong one", "--operator", "di"}, conn...)...)
+	out, _, err := dlqRun(t, append([]string{"replay", "pause", "r1", "--reason", "app being fixed", "--operator", "di"}, conn...)...)
+	if err != nil || !strings.HasPrefix(out, "replay r1 running: paused by ops/di: app being fixed\n") {
+		t.Errorf("replay pause: %v\n%s", err, out)
+	}
+	if _, _, err := dlqRun(t, append([]string{"replay", "pause", "r1"}, conn...)...); err == nil {
+		t.Error("a second pause: no error")
+	}
+	if out, _, err = dlqRun(t, append([]string{"replay", "resume", "r1", "--operator", "di"}, conn...)...); err != nil || !strings.HasPrefix(out, "replay r1 running\n") {
+		t.Errorf("replay resume: %v\n%s", err, out)
+	}
+	out, _, err = dlqRun(t, append([]string{"replay", "cancel", "r1", "--reason", "wrong one", "--operator", "di"}, conn...)...)
 	if err != nil || out != "replay r1 cancelled: cancelled by ops/di: wrong one\n  published 0 of 1, handled 0, failed 0, skipped 0, 1 left unpublished\n" {
 		t.Errorf("replay cancel: %v\n%s", err, out)
 	}

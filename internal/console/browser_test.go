@@ -104,7 +104,9 @@ func TestConsoleInChromium(t *testing.T) {
 	poll := func(expr string) chromedp.Action[chromedp.Void] {
 		return void(chromedp.Poll[bool](expr, chromedp.WithPollingTimeout(60*time.Second)))
 	}
-	do := func(expr string) chromedp.Action[chromedp.Void] { return void(chromedp.Evaluate[bool](expr + `; true`)) }
+	do := func(expr string) chromedp.Action[chromedp.Void] {
+		return void(chromedp.Evaluate[bool](expr + `; true`))
+	}
 
 	// A wrong token: refused, and nothing is kept.
 	run("a wrong token", chromedp.Navigate(base+"/ui/"), chromedp.WaitVisible(chromedp.ID("token")),
