@@ -4,7 +4,7 @@ PKGS     := ./...
 export HANDOFF_RABBITMQ_URL ?= amqp://guest:guest@127.0.0.1:5672/
 export HANDOFF_KAFKA_BROKERS ?= 127.0.0.1:19092
 
-.PHONY: build demo brokers brokers-stop test test-short lint fmt fuzz bench soak proto clean image
+.PHONY: build demo brokers brokers-stop browser test test-short lint fmt fuzz bench soak proto clean image
 
 VERSION    ?= 0.1.0
 
@@ -41,10 +41,14 @@ brokers-stop:
 	-scripts/kafka-local stop
 	-scripts/rabbitmq-local stop
 
+# Install (when missing) the Chromium the console's browser test drives.
+browser:
+	scripts/chromium-local install
+
 # The full suite, broker tests included, with the race detector. Most
 # broker tests wait on brokers, timers and the app, not on the CPU: six run
 # at once (go test's default is one per core).
-test: brokers
+test: brokers browser
 	$(GO) test -race -count=1 -parallel 6 -timeout 15m $(PKGS)
 
 # Unit tests only (no broker needed).
