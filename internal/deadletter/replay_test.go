@@ -406,52 +406,66 @@ func TestReplayPausedByHandResumes(t *testing.T) {
 	f := newReplayFixture(t, 8)
 	m, _ := f.manager(t, "replica-a", f.x, nil)
 	f.approve(t, m, f.ids, nil)
+	ids := make(chan string, 1) // the run's id, once CreateReplay returned it
+	paused := make(chan Run, 1)
 	f.app.mu.Lock()
-	hold := make(chan struct{})
 	f.app.before = func(n int) error {
-		if n == 3 {
-			<-hold // the third copy waits until the pause is recorded
+		if n == 1 {
+			// The pause is recorded while the second copy is on its way:
+			// the third, half a second later at this rate, must not start.
+			r, err := m.PauseReplay(context.Background(), <-ids, "bob", "the app is being fixed")
+			if err != nil {
+				t.Errorf("pause: %v", err)
+			}
+			paused <- r
 		}
 		return nil
 	}
 	f.app.mu.Unlock()
-	run, err := m.CreateReplay(context.Background(), ReplayRequest{IDs: f.ids, Rate: 50, BatchSize: 1, Who: "alice"})
+	if _, err := m.ResumeReplay(context.Background(), "no-such-replay", "bob", ""); !errors.Is(err, ErrNoRun) {
+		t.Fatalf("resumed a replay that does not exist: %v", err)
+	}
+	run, err := m.CreateReplay(context.Background(), ReplayRequest{IDs: f.ids, Rate: 2, BatchSize: 1, Who: "alice"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	testkit.Eventually(t, 20*time.Second, "two copies published", func() bool { return len(f.app.got()) >= 2 })
-	if _, err := m.ResumeReplay(context.Background(), run.ID, "bob", ""); !errors.Is(err, ErrIllegal) {
-		t.Fatalf("resumed a run not paused: %v", err)
+	id := run.ID
+	ids <- id
+	var p Run
+	select {
+	case p = <-paused:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the second copy was never published")
 	}
-	paused, err := m.PauseReplay(context.Background(), run.ID, "bob", "the app is being fixed")
-	if err != nil || !paused.Held || !paused.Paused || paused.Detail != "paused by bob: the app is being fixed" {
-		t.Fatalf("pause: %+v, %v", paused, err)
+	if !p.Held || !p.Paused || p.Detail != "paused by bob: the app is being fixed" {
+		t.Fatalf("paused run %+v", p)
 	}
-	close(hold)
-	if _, err := m.PauseReplay(context.Background(), run.ID, "carol", ""); !errors.Is(err, ErrIllegal) {
+	if _, err := m.PauseReplay(context.Background(), id, "carol", ""); !errors.Is(err, ErrIllegal) {
 		t.Fatalf("paused twice: %v", err)
 	}
-	// At most the publish already started when the pause came goes out;
-	// heartbeats come (every third of the TTL) and the run stays held.
-	testkit.Eventually(t, 20*time.Second, "two heartbeats after the pause", func() bool {
-		r, _ := m.Replay(run.ID)
-		return r.HeartbeatAt.Sub(paused.HeartbeatAt) >= 2*r.Spec.HeartbeatTTL/3
+	// Heartbeats come (every third of the TTL) for a second, two of the
+	// rate's slots, and the run stays held.
+	testkit.Eventually(t, 20*time.Second, "a second of heartbeats after the pause", func() bool {
+		r, _ := m.Replay(id)
+		return r.HeartbeatAt.Sub(p.HeartbeatAt) >= time.Second
 	})
-	n := len(f.app.got())
-	if n > 3 {
-		t.Fatalf("%d published while paused", n)
-	}
-	if r, _ := m.Replay(run.ID); !r.Held || !r.Paused || r.State != RunRunning {
+	if r, _ := m.Replay(id); !r.Held || !r.Paused || r.State != RunRunning || r.Detail != p.Detail {
 		t.Fatalf("held run after heartbeats: %+v", r)
 	}
-	if r, err := m.ResumeReplay(context.Background(), run.ID, "bob", "fixed"); err != nil || r.Held || r.Paused {
+	if n := len(f.app.got()); n != 2 {
+		t.Fatalf("%d published; want the 2 before the pause", n)
+	}
+	if r, err := m.ResumeReplay(context.Background(), id, "bob", "fixed"); err != nil || r.Held || r.Paused {
 		t.Fatalf("resume: %+v, %v", r, err)
 	}
-	run = waitRun(t, m, run.ID)
+	if _, err := m.ResumeReplay(context.Background(), id, "bob", ""); !errors.Is(err, ErrIllegal) {
+		t.Fatalf("resumed twice: %v", err)
+	}
+	run = waitRun(t, m, id)
 	if run.State != RunCompleted || run.Progress.Published != 8 {
 		t.Fatalf("run %+v", run)
 	}
-	if _, err := m.PauseReplay(context.Background(), run.ID, "bob", ""); !errors.Is(err, ErrIllegal) {
+	if _, err := m.PauseReplay(context.Background(), id, "bob", ""); !errors.Is(err, ErrIllegal) {
 		t.Fatalf("paused an ended run: %v", err)
 	}
 }

@@ -322,18 +322,7 @@ func (p *pipeline) send(b prepared) error {
 		case <-p.ctx.Done():
 			return p.ctx.Err()
 		}
-		// Waited for first, so that a cancel that came meanwhile is seen.
-		paused, err := r.wait(p.ctx)
-		if err != nil {
-			return err
-		}
-		if paused {
-			drainBucket(p.lim) // the pause is not caught up
-		}
-		if err := p.lim.Wait(p.ctx); err != nil {
-			return err
-		}
-		run, err := r.current()
+		run, err := p.turn()
 		if err != nil {
 			return err
 		}
@@ -355,6 +344,29 @@ func (p *pipeline) send(b prepared) error {
 		})
 	}
 	return nil
+}
+
+// turn waits for the next publish's turn: while the run is paused, then for
+// the rate's slot. It returns the run as it stands once the slot came,
+// read then so that a cancel or a pause that came meanwhile is seen (a
+// pause sends it back to waiting).
+func (p *pipeline) turn() (Run, error) {
+	for {
+		paused, err := p.r.wait(p.ctx)
+		if err != nil {
+			return Run{}, err
+		}
+		if paused {
+			drainBucket(p.lim) // the pause is not caught up
+		}
+		if err := p.lim.Wait(p.ctx); err != nil {
+			return Run{}, err
+		}
+		run, err := p.r.current()
+		if err != nil || !run.Held {
+			return run, err
+		}
+	}
 }
 
 // wait waits for every publish started to be confirmed and recorded, and
