@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -195,17 +196,18 @@ func (b *Batcher) collect() {
 		select {
 		case p := <-b.in:
 			limit := b.batchLimit(p.r)
+			id := wireID(p.r.EventID)
 			g := open[limit]
-			if g != nil && g.ids[wireID(p.r.EventID)] {
+			if g != nil && g.ids[id] {
 				send(limit)
 				g = nil
 			}
 			if g == nil {
-				g = &gathering{ids: map[string]bool{}, due: time.Now().Add(b.wait)}
+				g = &gathering{batch: make([]*pending, 0, limit), ids: make(map[string]bool, limit), due: time.Now().Add(b.wait)}
 				open[limit] = g
 			}
 			g.batch = append(g.batch, p)
-			g.ids[wireID(p.r.EventID)] = true
+			g.ids[id] = true
 			if len(g.batch) >= limit {
 				send(limit)
 			}
@@ -252,10 +254,18 @@ func (b *Batcher) post(batch []*pending) (each []Result, whole Result, split boo
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	var waiting atomic.Int64
-	waiting.Store(int64(len(batch)))
+	// The attempts of a batch mostly share one context (the engine's): one
+	// watch for each distinct one, not one for each attempt.
+	var ctxs []context.Context
 	for _, p := range batch {
-		stop := context.AfterFunc(p.ctx, func() {
+		if !slices.Contains(ctxs, p.ctx) {
+			ctxs = append(ctxs, p.ctx)
+		}
+	}
+	var waiting atomic.Int64
+	waiting.Store(int64(len(ctxs)))
+	for _, c := range ctxs {
+		stop := context.AfterFunc(c, func() {
 			if waiting.Add(-1) == 0 {
 				cancel()
 			}
