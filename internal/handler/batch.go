@@ -37,11 +37,13 @@ type Batcher struct {
 	wait    time.Duration
 	budget  SplitBudget // nil: splits are not paid for
 	minCall time.Duration
-	in      chan *pending
-	stop    chan struct{}
-	stopped chan struct{}
-	once    sync.Once
 	sending sync.WaitGroup // batches in flight, joined by Close
+
+	// The batches being filled, one per limit (batchLimit), under mu: the
+	// attempt that fills one sends it, a timer the one whose wait is up.
+	mu     sync.Mutex
+	open   map[int]*gathering
+	closed bool
 }
 
 type pending struct {
@@ -100,17 +102,19 @@ var (
 // o.MaxMessages attempts (fewer for re-attempts, see batchLimit) or o.MaxWait
 // after its first one.
 func NewBatcher(t BatchSender, o BatchOptions) *Batcher {
-	b := &Batcher{t: t, now: time.Now, max: max(o.MaxMessages, 1), wait: o.MaxWait, budget: o.Budget, minCall: o.MinCall,
-		in: make(chan *pending), stop: make(chan struct{}), stopped: make(chan struct{})}
-	go b.collect()
-	return b
+	return &Batcher{t: t, now: time.Now, max: max(o.MaxMessages, 1), wait: o.MaxWait, budget: o.Budget, minCall: o.MinCall,
+		open: map[int]*gathering{}}
 }
 
-// Close stops collecting and waits until every attempt already taken has its
-// answer. It is safe to call twice.
+// Close stops collecting, sends the batches being filled, and waits until
+// every attempt already taken has its answer. It is safe to call twice.
 func (b *Batcher) Close() {
-	b.once.Do(func() { close(b.stop) })
-	<-b.stopped
+	b.mu.Lock()
+	b.closed = true
+	for limit := range b.open {
+		b.dispatch(limit)
+	}
+	b.mu.Unlock()
 	b.sending.Wait()
 }
 
@@ -119,17 +123,19 @@ func (b *Batcher) Probe(ctx context.Context) error { return b.t.Probe(ctx) }
 
 // Deliver adds r to the next batch and returns its own answer.
 func (b *Batcher) Deliver(ctx context.Context, r *Request) Result {
+	if ctx.Err() != nil {
+		return Result{Outcome: budget.Unknown, Detail: "cancelled before it was sent"}
+	}
 	p := pendings.Get().(*pending)
 	p.ctx, p.r = ctx, r
-	select {
-	case b.in <- p:
-	case <-ctx.Done():
-		p.free()
-		return Result{Outcome: budget.Unknown, Detail: "cancelled before it was sent"}
-	case <-b.stop:
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
 		p.free()
 		return Result{Outcome: budget.Unreachable, Detail: "sidecar stopping"}
 	}
+	b.add(p)
+	b.mu.Unlock()
 	select {
 	case res := <-p.res:
 		// Answered: the batch is done with it.
@@ -163,68 +169,53 @@ func (b *Batcher) batchLimit(r *Request) int {
 type gathering struct {
 	batch []*pending
 	ids   map[string]bool
-	due   time.Time
+	// timer sends the batch MaxWait after its first attempt.
+	timer *time.Timer
 }
 
-// collect gathers batches, one open batch per limit (batchLimit). The app
-// answers each event by its id, so a batch never holds two attempts with the
-// same event id (two sources, or two replays, can share one): the second
-// sends the batch off and opens the next one, or one answer would settle
-// both.
-func (b *Batcher) collect() {
-	defer close(b.stopped)
-	open := map[int]*gathering{}
-	send := func(limit int) {
-		batch := open[limit].batch
-		delete(open, limit)
-		b.sending.Go(func() { b.send(batch) })
+// add puts p in the open batch of its limit (batchLimit), opening one if
+// there is none, and sends the batch once it is full. The app answers each
+// event by its id, so a batch never holds two attempts with the same event
+// id (two sources, or two replays, can share one): the second sends the
+// batch off and opens the next one, or one answer would settle both. b.mu
+// is held.
+func (b *Batcher) add(p *pending) {
+	limit := b.batchLimit(p.r)
+	id := wireID(p.r.EventID)
+	g := b.open[limit]
+	if g != nil && g.ids[id] {
+		b.dispatch(limit)
+		g = nil
 	}
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	for {
-		var fire <-chan time.Time
-		if len(open) > 0 {
-			var first time.Time
-			for _, g := range open {
-				if first.IsZero() || g.due.Before(first) {
-					first = g.due
-				}
-			}
-			timer.Reset(time.Until(first))
-			fire = timer.C
-		}
-		select {
-		case p := <-b.in:
-			limit := b.batchLimit(p.r)
-			id := wireID(p.r.EventID)
-			g := open[limit]
-			if g != nil && g.ids[id] {
-				send(limit)
-				g = nil
-			}
-			if g == nil {
-				g = &gathering{batch: make([]*pending, 0, limit), ids: make(map[string]bool, limit), due: time.Now().Add(b.wait)}
-				open[limit] = g
-			}
-			g.batch = append(g.batch, p)
-			g.ids[id] = true
-			if len(g.batch) >= limit {
-				send(limit)
-			}
-		case <-fire:
-			now := time.Now()
-			for limit, g := range open {
-				if !now.Before(g.due) {
-					send(limit)
-				}
-			}
-		case <-b.stop:
-			for limit := range open {
-				send(limit)
-			}
-			return
-		}
+	if g == nil {
+		g = &gathering{batch: make([]*pending, 0, limit), ids: make(map[string]bool, limit)}
+		g.timer = time.AfterFunc(b.wait, func() { b.due(limit, g) })
+		b.open[limit] = g
 	}
+	g.batch = append(g.batch, p)
+	g.ids[id] = true
+	if len(g.batch) >= limit {
+		b.dispatch(limit)
+	}
+}
+
+// due sends g, the batch of limit, when its wait is up and it is still
+// being filled.
+func (b *Batcher) due(limit int, g *gathering) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.open[limit] == g {
+		b.dispatch(limit)
+	}
+}
+
+// dispatch sends the open batch of limit. b.mu is held.
+func (b *Batcher) dispatch(limit int) {
+	g := b.open[limit]
+	delete(b.open, limit)
+	g.timer.Stop()
+	batch := g.batch
+	b.sending.Go(func() { b.send(batch) })
 }
 
 // batchResult is one event's answer in the app's response.
