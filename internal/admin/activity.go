@@ -19,9 +19,10 @@ func (s *service) GetActivity(context.Context, *adminv1.GetActivityRequest) (*ad
 		return out, nil
 	}
 	out.Step = durationpb.New(h.StepLength())
-	for _, name := range h.Sources() {
+	steps := h.Snapshot()
+	for i, name := range h.Sources() {
 		sa := &adminv1.SourceActivity{Name: name}
-		for _, st := range h.Steps(name) {
+		for _, st := range steps[i] {
 			sa.Steps = append(sa.Steps, &adminv1.ActivityStep{At: timestamppb.New(st.At), Handled: st.Handled,
 				Retried: st.Retried, DeadLettered: st.DeadLettered, Other: st.Other})
 		}

@@ -358,10 +358,10 @@ func (m *Manager) operate(ctx context.Context, id string, op RunOp, who, why str
 	if run, err = m.appendRun(ctx, src, rec); err != nil {
 		return run, err
 	}
-	if run.Held != (op == OpPause) {
-		// Another record came first in the ledger's order: it ended or
-		// was paused or resumed by someone else.
-		return run, fmt.Errorf("%w: replay %s is %s (held %t)", ErrLost, id, run.State, run.Held)
+	if run.Held != (op == OpPause) || op == OpPause && run.HeldWhy != byWhom("paused", &rec) {
+		// Another record came first in the ledger's order: it ended, or
+		// someone else paused or resumed it.
+		return run, fmt.Errorf("%w: replay %s is %s (held %t: %s)", ErrLost, id, run.State, run.Held, run.HeldWhy)
 	}
 	return run, nil
 }

@@ -401,11 +401,15 @@ func TestReplayPausesUnderPressureAndCancels(t *testing.T) {
 }
 
 // An operator's pause holds the run before its next publish, outlasts the
-// runner's heartbeats, and is refused twice; a resume lets it finish.
+// runner's heartbeats (with a reason as long as a record allows), and is
+// refused twice; what the operator changes while it is paused counts once
+// it resumes, in the batch being sent and in the one read ahead: a letter
+// terminated is not published, one approved again goes with its new repair.
 func TestReplayPausedByHandResumes(t *testing.T) {
 	f := newReplayFixture(t, 8)
 	m, _ := f.manager(t, "replica-a", f.x, nil)
 	f.approve(t, m, f.ids, nil)
+	reason := strings.Repeat("r", MaxWhyLen)
 	ids := make(chan string, 1) // the run's id, once CreateReplay returned it
 	paused := make(chan Run, 1)
 	f.app.mu.Lock()
@@ -413,7 +417,7 @@ func TestReplayPausedByHandResumes(t *testing.T) {
 		if n == 1 {
 			// The pause is recorded while the second copy is on its way:
 			// the third, half a second later at this rate, must not start.
-			r, err := m.PauseReplay(context.Background(), <-ids, "bob", "the app is being fixed")
+			r, err := m.PauseReplay(context.Background(), <-ids, "bob", reason)
 			if err != nil {
 				t.Errorf("pause: %v", err)
 			}
@@ -425,7 +429,7 @@ func TestReplayPausedByHandResumes(t *testing.T) {
 	if _, err := m.ResumeReplay(context.Background(), "no-such-replay", "bob", ""); !errors.Is(err, ErrNoRun) {
 		t.Fatalf("resumed a replay that does not exist: %v", err)
 	}
-	run, err := m.CreateReplay(context.Background(), ReplayRequest{IDs: f.ids, Rate: 2, BatchSize: 1, Who: "alice"})
+	run, err := m.CreateReplay(context.Background(), ReplayRequest{IDs: f.ids, Rate: 2, BatchSize: 4, Who: "alice"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -437,7 +441,7 @@ func TestReplayPausedByHandResumes(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the second copy was never published")
 	}
-	if !p.Held || !p.Paused || p.Detail != "paused by bob: the app is being fixed" {
+	if !p.Held || !p.Paused || p.Detail != "paused by bob: "+reason {
 		t.Fatalf("paused run %+v", p)
 	}
 	if _, err := m.PauseReplay(context.Background(), id, "carol", ""); !errors.Is(err, ErrIllegal) {
@@ -455,6 +459,12 @@ func TestReplayPausedByHandResumes(t *testing.T) {
 	if n := len(f.app.got()); n != 2 {
 		t.Fatalf("%d published; want the 2 before the pause", n)
 	}
+	// While paused: the third (in the batch being sent) is terminated, the
+	// seventh (in the batch read ahead) approved again with a repair.
+	if _, err := m.Apply(context.Background(), Change{ID: f.ids[2], Transition: Terminate, Who: "bob", Why: "not to be replayed"}); err != nil {
+		t.Fatal(err)
+	}
+	f.approve(t, m, f.ids[6:7], &Repair{Body: []byte("repaired-6"), Note: "fixed"})
 	if r, err := m.ResumeReplay(context.Background(), id, "bob", "fixed"); err != nil || r.Held || r.Paused {
 		t.Fatalf("resume: %+v, %v", r, err)
 	}
@@ -462,8 +472,18 @@ func TestReplayPausedByHandResumes(t *testing.T) {
 		t.Fatalf("resumed twice: %v", err)
 	}
 	run = waitRun(t, m, id)
-	if run.State != RunCompleted || run.Progress.Published != 8 {
+	if run.State != RunCompleted || run.Progress.Published != 7 || run.Progress.Skipped != 1 {
 		t.Fatalf("run %+v", run)
+	}
+	bodies := map[string]string{}
+	for _, c := range f.app.got() {
+		bodies[c.trail[broker.HeaderReplayOf]] = c.body
+	}
+	if _, ok := bodies[f.ids[2].String()]; ok || len(bodies) != 7 {
+		t.Fatalf("published %d, the terminated one among them: %v", len(bodies), ok)
+	}
+	if b := bodies[f.ids[6].String()]; b != "repaired-6" {
+		t.Fatalf("the letter approved again went with %q, not its new repair", b)
 	}
 	if _, err := m.PauseReplay(context.Background(), id, "bob", ""); !errors.Is(err, ErrIllegal) {
 		t.Fatalf("paused an ended run: %v", err)

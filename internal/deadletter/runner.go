@@ -87,7 +87,8 @@ func (r *runner) heartbeat(ctx context.Context, stop context.CancelFunc) {
 	for sleep(ctx, every) {
 		rec := RunRecord{Version: RecordVersion, Kind: KindRun, Run: r.id, Op: OpHeartbeat, Who: r.m.o.Replica, At: r.m.now().UTC()}
 		if p := r.pause.Load(); p != nil && *p != "" {
-			rec.Paused, rec.Why = true, *p
+			// An operator's reason may fill a record's why by itself.
+			rec.Paused, rec.Why = true, truncateWhy(*p)
 		}
 		run, err := r.m.appendRun(ctx, r.src, rec)
 		if ctx.Err() != nil {
@@ -325,6 +326,21 @@ func (p *pipeline) send(b prepared) error {
 		run, err := p.turn()
 		if err != nil {
 			return err
+		}
+		// Read again now that its turn came: the batch was read ahead, and
+		// an operator may have terminated the letter or approved it with
+		// another repair meanwhile (while the run was paused, say).
+		l, err := r.m.o.Index.Get(l.ID)
+		if errors.Is(err, ErrNotFound) {
+			<-p.slots
+			continue // retention removed it: skipped
+		}
+		if err != nil {
+			return err
+		}
+		if runStep(&l, r.id).published || !run.replayable(&l) {
+			<-p.slots
+			continue // closed, no longer approved, or published: skipped
 		}
 		msg := b.msgs[l.ID]
 		if msg == nil {

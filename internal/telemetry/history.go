@@ -80,6 +80,18 @@ func (h *History) Steps(source string) []Step {
 	return append([]Step(nil), h.steps[source]...)
 }
 
+// Snapshot returns a copy of every source's steps, in Sources order, read
+// at once: each source's list ends at the same step.
+func (h *History) Snapshot() [][]Step {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([][]Step, len(h.sources))
+	for i, s := range h.sources {
+		out[i] = append([]Step(nil), h.steps[s]...)
+	}
+	return out
+}
+
 // Run records a step every step until ctx ends.
 func (h *History) Run(ctx context.Context) error {
 	t := time.NewTicker(h.step)

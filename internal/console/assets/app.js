@@ -6,7 +6,7 @@
 (() => {
   const TOKEN_KEY = 'handoff.token';
   const STATES = ['pending', 'approved', 'replaying', 'done', 'failed-replay', 'terminated', 'expired'];
-  const CLOSED = ['done', 'terminated', 'expired'];
+  const CLOSED = ['done', 'failed-replay', 'terminated', 'expired'];
   const SERIES = [
     ['handled', 'success'],
     ['retried', 'retry'],
@@ -100,8 +100,15 @@
     const out = s.toString();
     return out ? '?' + out : '';
   };
-  // idPath keeps a dead letter's slashes (the route takes {id=**}).
-  const idPath = (id) => id.split('/').map(encodeURIComponent).join('/');
+  // idPath keeps a dead letter's slashes (the route takes {id=**}); a
+  // segment of dots is escaped, or the URL would resolve it away.
+  const idPath = (id) => id.split('/').map((seg) => (/^\.+$/.test(seg) ? seg.replace(/\./g, '%2E') : encodeURIComponent(seg))).join('/');
+  // go shows hash, or shows the view again when it is already there (a
+  // filter applied twice, Clear on a clear list).
+  function go(hash) {
+    if (location.hash === hash) route();
+    else location.hash = hash;
+  }
 
   // ---- errors and confirmation ----
 
@@ -262,6 +269,7 @@
 
   function signOut(why) {
     sessionStorage.removeItem(TOKEN_KEY);
+    generation++; // what a view still has in flight is dropped
     stopTimer();
     sources = null;
     $('nav').hidden = true;
@@ -305,16 +313,22 @@
     if (timer) clearInterval(timer);
     timer = null;
   }
-  // every runs fn now and every ms while the view is shown.
-  function every(ms, fn) {
+  // every runs fn now and every ms while the view of generation gen is
+  // shown; a tick waits for the one before to answer, so that answers come
+  // in order.
+  function every(gen, ms, fn) {
+    if (gen !== generation) return undefined;
     stopTimer();
-    const gen = generation;
+    let busy = false;
     const tick = async () => {
-      if (gen !== generation) return;
+      if (gen !== generation || busy) return;
+      busy = true;
       try {
-        await fn(gen);
+        await fn();
       } catch (e) {
         if (gen === generation && e.status !== 401) showError(e);
+      } finally {
+        busy = false;
       }
     };
     timer = setInterval(tick, ms);
@@ -324,7 +338,14 @@
   function parseHash() {
     const h = location.hash.replace(/^#/, '') || '/';
     const [path, query] = h.split('?');
-    return { parts: path.split('/').filter(Boolean).map(decodeURIComponent), params: new URLSearchParams(query || '') };
+    const decode = (seg) => {
+      try {
+        return decodeURIComponent(seg);
+      } catch (e) {
+        return seg; // a stray % stays as it is
+      }
+    };
+    return { parts: path.split('/').filter(Boolean).map(decode), params: new URLSearchParams(query || '') };
   }
 
   async function sourceNames() {
@@ -351,11 +372,12 @@
     }
     const rest = parts.slice(1).join('/');
     const views = { overview, deadletters, deadletter: () => deadLetter(rest), replays, replay: () => replay(rest), events };
-    const show = views[name] || overview;
+    const show = Object.hasOwn(views, name) ? views[name] : overview;
+    const gen = generation;
     try {
       await show(params);
     } catch (e) {
-      if (e.status !== 401) showError(e);
+      if (gen === generation && e.status !== 401) showError(e);
     }
   }
 
@@ -370,7 +392,7 @@
     fill(view, el('h1', {}, 'Overview'), banner, cards,
       el('h2', {}, 'Outcomes per second, over the last 15 minutes'), chart,
       el('h2', {}, 'Sources'), srcs);
-    await every(5000, async () => {
+    await every(gen, 5000, async () => {
       const [st, activity] = await Promise.all([api('GET', '/v1/status'), api('GET', '/v1/activity')]);
       if (gen !== generation) return;
       sources = (st.sources || []).map((s) => s.name);
@@ -512,6 +534,7 @@
   async function deadletters(params) {
     const gen = generation;
     const names = await sourceNames();
+    if (gen !== generation) return;
     const f = {
       source: params.get('source') || '', state: params.get('state') || '', reason: params.get('reason') || '',
       since: params.get('since') || '', until: params.get('until') || '', event: params.get('event') || '',
@@ -526,13 +549,13 @@
       el('div', {}, el('label', { for: 'f-event' }, 'Event id'), el('input', { id: 'f-event', value: f.event })),
       el('div', { class: 'buttons' },
         el('button', { type: 'submit', class: 'primary', id: 'f-apply' }, 'Apply filters'),
-        el('button', { type: 'button', onclick: () => { location.hash = '#/deadletters'; } }, 'Clear')));
+        el('button', { type: 'button', onclick: () => go('#/deadletters') }, 'Clear')));
     form.addEventListener('submit', (ev) => {
       ev.preventDefault();
-      location.hash = '#/deadletters' + q({
+      go('#/deadletters' + q({
         source: $('f-source').value, state: $('f-state').value, reason: $('f-reason').value.trim(),
         since: fromLocalInput($('f-since').value), until: fromLocalInput($('f-until').value), event: $('f-event').value.trim(),
-      });
+      }));
     });
     const counts = el('div', { class: 'counts', id: 'dl-counts' });
     const list = el('div', { id: 'dl-list' });
@@ -541,7 +564,7 @@
     const replayBtn = el('button', { type: 'button', id: 'replay-selected', disabled: true }, 'Replay selected');
     fill(view, el('h1', {}, 'Dead letters'), form, counts, el('div', { class: 'buttons' }, replayBtn), list, pager);
     replayBtn.addEventListener('click', () => {
-      location.hash = '#/replays' + q({ ids: [...selection].join(',') });
+      location.hash = '#/replays' + q({ ids: [...selection] });
     });
     const pages = ['']; // the page tokens of the pages seen
     const load = async () => {
@@ -682,7 +705,7 @@
       if (res) route();
     });
     const replayIt = el('button', { type: 'button', id: 'replay-this' }, 'Replay this dead letter…');
-    replayIt.addEventListener('click', () => { location.hash = '#/replays' + q({ ids: l.id }); });
+    replayIt.addEventListener('click', () => { location.hash = '#/replays' + q({ ids: [l.id] }); });
     return el('div', { class: 'grid wide' },
       el('div', { class: 'card', id: 'approve-box' }, el('h3', {}, 'Approve for replay'),
         el('label', { for: 'approve-reason' }, 'Why it may be replayed'), reason,
@@ -700,11 +723,12 @@
   async function replays(params) {
     const gen = generation;
     const names = await sourceNames();
-    const ids = (params.get('ids') || '').split(',').filter(Boolean);
+    if (gen !== generation) return;
+    const ids = params.getAll('ids').filter(Boolean);
     const form = replayForm(names, ids);
     const list = el('div', { id: 'replay-list' });
     fill(view, el('h1', {}, 'Replays'), form, el('h2', {}, 'Runs'), list);
-    await every(3000, async () => {
+    await every(gen, 5000, async () => {
       const res = await api('GET', '/v1/replays');
       if (gen !== generation) return;
       const runs = res.replays || [];
@@ -759,7 +783,8 @@
     };
     form.querySelector('#r-preview').addEventListener('click', async (ev) => {
       const res = await act(ev.currentTarget, () => api('POST', '/v1/replays', request(true)));
-      if (res) $('r-result').textContent = 'Would replay ' + num((res.progress || {}).selected) + ' dead letter(s).';
+      const out = $('r-result');
+      if (res && out) out.textContent = 'Would replay ' + num((res.progress || {}).selected) + ' dead letter(s).';
     });
     form.addEventListener('submit', async (ev) => {
       ev.preventDefault();
@@ -778,7 +803,8 @@
     const controls = el('div', { class: 'buttons', id: 'replay-controls' });
     fill(view, el('p', {}, el('a', { href: '#/replays' }, '← Replays')), head, controls, body);
     let ended = false;
-    await every(2000, async () => {
+    let shown = ''; // the state the controls were made for: remade only when it changes, so focus stays
+    await every(gen, 2000, async () => {
       if (ended) return;
       const r = await api('GET', '/v1/replays/' + encodeURIComponent(id));
       if (gen !== generation) return;
@@ -798,10 +824,13 @@
           ])),
           el('div', { class: 'card' }, facts([
             ['Rate', fmtRate(Number(p.rate || 0)) + ' (asked ' + fmtRate(Number(r.ratePerSecond || 0)) + ')'],
-            ['ETA', r.state === 'running' && p.eta ? fmtDuration(p.eta) : '—'], ['Waited', fmtDuration(p.waited)],
+            ['ETA', r.state === 'running' && !r.paused && p.eta ? fmtDuration(p.eta) : '—'], ['Waited', fmtDuration(p.waited)],
             ['Runner', r.runner], ['Last heartbeat', fmtTime(r.heartbeatAt)],
             ['Created', fmtTime(r.createdAt) + ' by ' + r.createdBy], ['Why', r.why], ['Ended', fmtTime(r.endedAt)],
           ]))));
+      const want = r.state === 'running' ? 'running/' + !!r.held : r.state;
+      if (want === shown) return;
+      shown = want;
       fill(controls);
       if (r.state !== 'running') return;
       const op = (label, verb, cls, question) => {
@@ -826,6 +855,7 @@
   async function events(params) {
     const gen = generation;
     const names = await sourceNames();
+    if (gen !== generation) return;
     const source = params.get('source') || names[0] || '';
     const event = params.get('event') || '';
     const form = el('form', { class: 'filters card', id: 'event-form', 'aria-label': 'Look up an event' },
@@ -834,7 +864,7 @@
       el('div', { class: 'buttons' }, el('button', { type: 'submit', class: 'primary' }, 'Look up')));
     form.addEventListener('submit', (ev) => {
       ev.preventDefault();
-      location.hash = '#/events' + q({ source: $('e-source').value, event: $('e-id').value.trim() });
+      go('#/events' + q({ source: $('e-source').value, event: $('e-id').value.trim() }));
     });
     const out = el('div', { id: 'event-out' });
     fill(view, el('h1', {}, 'Event lookup'),
