@@ -104,7 +104,9 @@ type Kafka struct {
 	// one Kafka transaction.
 	TransactionalTransfer bool `yaml:"transactional_transfer"`
 	// MaxInFlight bounds records handed out and not yet answered. Zero means
-	// four times handler.max_concurrency; with batches
+	// twice handler.max_concurrency with ordering none (a call in flight and
+	// one ready behind each), four times with key or partition ordering
+	// (records held behind their key or partition take room); with batches
 	// (handler.batch.max_messages above 1), handler.max_concurrency and one
 	// batch more.
 	MaxInFlight int `yaml:"max_in_flight"`
@@ -338,6 +340,12 @@ func (c *Config) applySourceDefaults() {
 			}
 			if k.MaxInFlight == 0 {
 				k.MaxInFlight = 4 * c.Handler.MaxConcurrency
+				if k.Ordering == broker.OrderNone {
+					// No record waits behind another: more than a call
+					// and one ready behind each would only park walks in
+					// the limiter's queue.
+					k.MaxInFlight = 2 * c.Handler.MaxConcurrency
+				}
 				if b := c.Handler.Batch.MaxMessages; b > 1 {
 					// max_concurrency already counts the messages in the
 					// batches in flight; one batch more fills while they

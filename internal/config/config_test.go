@@ -72,8 +72,19 @@ retry: {tiers: [2s]}
 	if got := cfg.Sources[0].RabbitMQ.Prefetch; got != 8 {
 		t.Errorf("prefetch default = %d, want handler.max_concurrency (8)", got)
 	}
-	if k := cfg.Sources[1].Kafka; k.MaxInFlight != 32 || k.FetchMaxBytes != 8<<20 {
-		t.Errorf("kafka defaults: max_in_flight %d, fetch_max_bytes %d; want 32 and 8 MiB", k.MaxInFlight, k.FetchMaxBytes)
+	if k := cfg.Sources[1].Kafka; k.MaxInFlight != 16 || k.FetchMaxBytes != 8<<20 {
+		t.Errorf("kafka defaults: max_in_flight %d, fetch_max_bytes %d; want 16 (ordering none) and 8 MiB", k.MaxInFlight, k.FetchMaxBytes)
+	}
+	keyed, err := Parse([]byte(`
+handler: {url: "http://127.0.0.1:8080/events", max_concurrency: 8}
+sources: [{name: b, kafka: {brokers: ["127.0.0.1:9092"], topic: t, group: g, ordering: key}}]
+retry: {tiers: [2s]}
+`))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	if got := keyed.Sources[0].Kafka.MaxInFlight; got != 32 {
+		t.Errorf("kafka max_in_flight ordered by key = %d, want four times max_concurrency (32)", got)
 	}
 	batched, err := Parse([]byte(`
 handler: {url: "http://127.0.0.1:8080/events", max_concurrency: 256, batch: {max_messages: 64}}
