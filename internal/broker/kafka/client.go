@@ -197,6 +197,12 @@ func (p *partition) finish(d *delivery, c *Client) bool {
 // stays bounded (the record and its walk, about 3 KB for a 1 KiB message).
 const answeredFactor = 16
 
+// minAnsweredHeld is the fewest answered records held out of the window
+// whatever MaxInFlight: a small window (twice the calls in flight, with
+// ordering none) fills in milliseconds, but a commit stalled on the disk
+// lasts as long at any window, and as many records arrive meanwhile.
+const minAnsweredHeld = 4096
+
 // maxAnsweredBytes bounds the keys and bodies of the records held answered
 // out of the window: with large messages, the window is what bounds memory.
 const maxAnsweredBytes = 16 << 20
@@ -220,7 +226,7 @@ func New(o Options) (*Client, error) {
 		log:         o.Logger.With("source", o.Name, "topic", o.Topic, "group", o.Group),
 		now:         o.Now,
 		sem:         make(chan struct{}, o.MaxInFlight),
-		held:        make(chan struct{}, answeredFactor*o.MaxInFlight),
+		held:        make(chan struct{}, max(answeredFactor*o.MaxInFlight, minAnsweredHeld)),
 		maxAnswered: maxAnsweredBytes,
 		retry:       map[string]bool{},
 		parts:       map[topicPartition]*partition{},
