@@ -85,6 +85,11 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+
+	// heldAtLeast is the fewest answered records held out of the window:
+	// zero means minAnsweredHeld, below zero none (tests of the factor
+	// alone).
+	heldAtLeast int
 }
 
 // Client consumes a topic and its retry topics in one consumer group and
@@ -207,6 +212,13 @@ const minAnsweredHeld = 4096
 // out of the window: with large messages, the window is what bounds memory.
 const maxAnsweredBytes = 16 << 20
 
+func heldAtLeast(o Options) int {
+	if o.heldAtLeast == 0 {
+		return minAnsweredHeld
+	}
+	return max(o.heldAtLeast, 0)
+}
+
 // New builds a client; nothing is consumed until Consume.
 func New(o Options) (*Client, error) {
 	if o.MaxInFlight <= 0 {
@@ -226,7 +238,7 @@ func New(o Options) (*Client, error) {
 		log:         o.Logger.With("source", o.Name, "topic", o.Topic, "group", o.Group),
 		now:         o.Now,
 		sem:         make(chan struct{}, o.MaxInFlight),
-		held:        make(chan struct{}, max(answeredFactor*o.MaxInFlight, minAnsweredHeld)),
+		held:        make(chan struct{}, max(answeredFactor*o.MaxInFlight, heldAtLeast(o))),
 		maxAnswered: maxAnsweredBytes,
 		retry:       map[string]bool{},
 		parts:       map[topicPartition]*partition{},

@@ -51,7 +51,7 @@ func TestAnsweredRecordsLeaveTheWindowButHoldTheCommit(t *testing.T) {
 		recs = append(recs, &kgo.Record{Topic: "orders", Value: []byte(strconv.Itoa(i))})
 	}
 	produce(t, addrs, recs...)
-	c := newClientWith(t, Options{Brokers: addrs, Topic: "orders", MaxInFlight: window, RevokeTimeout: time.Millisecond})
+	c := newClientWith(t, Options{Brokers: addrs, Topic: "orders", MaxInFlight: window, RevokeTimeout: time.Millisecond, heldAtLeast: -1})
 
 	ctx, cancel := context.WithCancel(context.Background())
 	got := make(chan broker.Delivery, total)
@@ -259,5 +259,21 @@ func TestAnsweredLargeRecordsKeepTheirSlots(t *testing.T) {
 	}
 	if got, want := c.answeredBytes.Load(), int64(2*len(body)); got != want {
 		t.Errorf("answered bytes held = %d, want %d (two records)", got, want)
+	}
+}
+
+// A small window (twice the calls in flight, ordering none's default) still
+// holds as many answered records out of it as the old default did: a commit
+// stalled on the disk lasts as long whatever the window.
+func TestAnsweredHeldWhateverTheWindow(t *testing.T) {
+	for _, tt := range []struct{ window, want int }{{4, minAnsweredHeld}, {128, minAnsweredHeld}, {512, answeredFactor * 512}} {
+		c, err := New(Options{Brokers: []string{"127.0.0.1:1"}, Topic: "orders", Group: "g", MaxInFlight: tt.window})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cap(c.held); got != tt.want {
+			t.Errorf("window %d: %d answered records held, want %d", tt.window, got, tt.want)
+		}
+		_ = c.Close()
 	}
 }
