@@ -301,25 +301,7 @@ func (m *Manager) Replays(source string) ([]Run, error) {
 // CancelReplay records that a run is cancelled; its runner stops before its
 // next publish. What was published stays published.
 func (m *Manager) CancelReplay(ctx context.Context, id, who, why string) (Run, error) {
-	run, err := m.o.Index.Run(id)
-	if err != nil {
-		return Run{}, err
-	}
-	if run.Ended() {
-		return run, fmt.Errorf("%w: replay %s is %s already", ErrIllegal, id, run.State)
-	}
-	src, err := m.source(run.Source)
-	if err != nil {
-		return Run{}, err
-	}
-	rec := RunRecord{Version: RecordVersion, Kind: KindRun, Run: id, Op: OpCancel, Who: who, At: m.now().UTC(), Why: why}
-	if run, err = m.appendRun(ctx, src, rec); err != nil {
-		return run, err
-	}
-	if run.State != RunCancelled {
-		return run, fmt.Errorf("%w: replay %s is %s", ErrLost, id, run.State)
-	}
-	return run, nil
+	return m.operate(ctx, id, OpCancel, who, why)
 }
 
 // PauseReplay records that an operator paused a run: its runner publishes
@@ -334,9 +316,9 @@ func (m *Manager) ResumeReplay(ctx context.Context, id, who, why string) (Run, e
 	return m.operate(ctx, id, OpResume, who, why)
 }
 
-// operate records an operator's pause or resume of a run, and refuses one
-// that would change nothing: a run that ended, a pause of a paused run, a
-// resume of one not paused by hand.
+// operate records an operator's cancel, pause or resume of a run, and
+// refuses one that would change nothing: any of a run that ended, a pause
+// of a paused run, a resume of one not paused by hand.
 func (m *Manager) operate(ctx context.Context, id string, op RunOp, who, why string) (Run, error) {
 	run, err := m.o.Index.Run(id)
 	if err != nil {
@@ -358,9 +340,12 @@ func (m *Manager) operate(ctx context.Context, id string, op RunOp, who, why str
 	if run, err = m.appendRun(ctx, src, rec); err != nil {
 		return run, err
 	}
-	if run.Held != (op == OpPause) || op == OpPause && run.HeldWhy != byWhom("paused", &rec) {
-		// Another record came first in the ledger's order: it ended, or
-		// someone else paused or resumed it.
+	// Another record may have come first in the ledger's order: the run
+	// ended, or someone else paused or resumed it.
+	switch {
+	case op == OpCancel && run.State != RunCancelled:
+		return run, fmt.Errorf("%w: replay %s is %s", ErrLost, id, run.State)
+	case op != OpCancel && (run.Held != (op == OpPause) || op == OpPause && run.HeldWhy != byWhom("paused", &rec)):
 		return run, fmt.Errorf("%w: replay %s is %s (held %t: %s)", ErrLost, id, run.State, run.Held, run.HeldWhy)
 	}
 	return run, nil
