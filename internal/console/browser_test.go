@@ -145,7 +145,6 @@ func TestConsoleInChromium(t *testing.T) {
 	run("open a dead letter", chromedp.Click(chromedp.CSS(`#dl-list tbody tr a`)), chromedp.WaitVisible(chromedp.ID("approve-box")),
 		poll(`document.querySelector('#dl-body').textContent.includes('bad-sku')`),
 		poll(`document.querySelector('main').textContent.includes('permanent')`))
-	b.screenshot(t, "console-deadletter.png")
 	b.labelled(t, "a dead letter")
 
 	// A token that no longer holds: the approval is refused, the tab signs
@@ -160,13 +159,16 @@ func TestConsoleInChromium(t *testing.T) {
 
 	// Approved with a repaired body, shown as a diff first.
 	repaired := "{\n  \"order\": 102,\n  \"sku\": \"fixed-sku\"\n}"
-	run("approve with a repair", chromedp.SetValue(chromedp.ID("token"), tok), chromedp.Click(chromedp.ID("signin")),
+	run("repair before approving", chromedp.SetValue(chromedp.ID("token"), tok), chromedp.Click(chromedp.ID("signin")),
 		chromedp.Navigate(base+"/ui/#/deadletter/"+id), chromedp.WaitVisible(chromedp.ID("approve-box")),
 		chromedp.SetValue(chromedp.ID("approve-reason"), "sku corrected by the catalogue team"),
 		chromedp.Click(chromedp.ID("repair-on")), chromedp.WaitVisible(chromedp.ID("repair-body")),
 		do(fmt.Sprintf(`(() => { const e = document.querySelector('#repair-body'); e.value = %s; e.dispatchEvent(new Event('input')); })()`, jsString(repaired))),
 		poll(`document.querySelector('#repair-diff .add').textContent.includes('fixed-sku') && document.querySelector('#repair-diff .del').textContent.includes('bad-sku')`),
-		chromedp.SetValue(chromedp.ID("repair-note"), "sku renamed"),
+		chromedp.SetValue(chromedp.ID("repair-note"), "sku renamed"))
+	b.screenshot(t, "console-deadletter.png")
+	b.labelled(t, "a dead letter being approved")
+	run("confirm the approval",
 		chromedp.Click(chromedp.ID("approve")), chromedp.WaitVisible(chromedp.ID("confirm-yes")), chromedp.Click(chromedp.ID("confirm-yes")),
 		poll(`document.querySelector('h1 .badge').textContent === 'approved'`))
 	if state := letterState(t, base, tok, id); state != "approved" {
@@ -407,7 +409,7 @@ func (b *browser) labelled(t *testing.T, where string) {
 	}
 }
 
-// screenshot writes the page, at 1280×800, to docs/name with -update.
+// screenshot writes the whole page, 1280 wide, to docs/name with -update.
 func (b *browser) screenshot(t *testing.T, name string) {
 	t.Helper()
 	if !testkit.Update() {
@@ -416,7 +418,7 @@ func (b *browser) screenshot(t *testing.T, name string) {
 	if err := chromedp.Do(b.ctx, chromedp.EmulateViewport(1280, 800)); err != nil {
 		t.Fatal(err)
 	}
-	png, err := chromedp.Run(b.ctx, chromedp.CaptureScreenshot())
+	png, err := chromedp.Run(b.ctx, chromedp.FullScreenshot(100))
 	if err != nil {
 		t.Fatal(err)
 	}
