@@ -416,7 +416,7 @@ func TestReplayPausedByHandResumes(t *testing.T) {
 	f.app.before = func(n int) error {
 		if n == 1 {
 			// The pause is recorded while the second copy is on its way:
-			// the third, half a second later at this rate, must not start.
+			// the third, a second later at this rate, must not start.
 			r, err := m.PauseReplay(context.Background(), <-ids, "bob", reason)
 			if err != nil {
 				t.Errorf("pause: %v", err)
@@ -429,7 +429,7 @@ func TestReplayPausedByHandResumes(t *testing.T) {
 	if _, err := m.ResumeReplay(context.Background(), "no-such-replay", "bob", ""); !errors.Is(err, ErrNoRun) {
 		t.Fatalf("resumed a replay that does not exist: %v", err)
 	}
-	run, err := m.CreateReplay(context.Background(), ReplayRequest{IDs: f.ids, Rate: 2, BatchSize: 4, Who: "alice"})
+	run, err := m.CreateReplay(context.Background(), ReplayRequest{IDs: f.ids, Rate: 1, BatchSize: 4, Who: "alice"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -447,11 +447,11 @@ func TestReplayPausedByHandResumes(t *testing.T) {
 	if _, err := m.PauseReplay(context.Background(), id, "carol", ""); !errors.Is(err, ErrIllegal) {
 		t.Fatalf("paused twice: %v", err)
 	}
-	// Heartbeats come (every third of the TTL) for a second, two of the
+	// Heartbeats come (every third of the TTL) for two seconds, two of the
 	// rate's slots, and the run stays held.
-	testkit.Eventually(t, 20*time.Second, "a second of heartbeats after the pause", func() bool {
+	testkit.Eventually(t, 20*time.Second, "two seconds of heartbeats after the pause", func() bool {
 		r, _ := m.Replay(id)
-		return r.HeartbeatAt.Sub(p.HeartbeatAt) >= time.Second
+		return r.HeartbeatAt.Sub(p.HeartbeatAt) >= 2*time.Second
 	})
 	if r, _ := m.Replay(id); !r.Held || !r.Paused || r.State != RunRunning || r.Detail != p.Detail {
 		t.Fatalf("held run after heartbeats: %+v", r)
