@@ -58,14 +58,15 @@ type benchKind struct {
 	// window is how many deliveries may be unsettled at once: RabbitMQ's
 	// prefetch, the Kafka consumer's max in flight (their defaults).
 	window int
-	// kafka: deliveries have a log position (and so no message id), and a
-	// hand-out fence already durable, as a poll's marks mostly are.
+	// kafka: deliveries have a log position (and so no message id), a
+	// hand-out fence already durable, as a poll's marks mostly are, and
+	// leave the window once answered, as the Kafka client's do.
 	kafka bool
 }
 
 var (
 	benchRabbitMQ = benchKind{name: "rabbitmq", window: 64}
-	benchKafka    = benchKind{name: "kafka", window: 256, kafka: true}
+	benchKafka    = benchKind{name: "kafka", window: 128, kafka: true}
 )
 
 func benchEngine(b *testing.B, kind benchKind, journalKind string, batch int) {
@@ -211,7 +212,7 @@ func (s *benchSource) Consume(ctx context.Context, deliver func(broker.Delivery)
 		msg := broker.Message{Body: benchBody, ContentType: "application/json", Headers: benchHeaders}
 		if s.kind.kafka {
 			// One allocation for the delivery, as for RabbitMQ's.
-			d := &fencedBenchDelivery{benchDelivery{s: s, msg: msg}}
+			d := &fencedBenchDelivery{benchDelivery: benchDelivery{s: s, msg: msg}}
 			d.msg.Position = "kafka:bench/0/" + strconv.Itoa(i)
 			d.msg.Origin = d.msg.Position
 			deliver(d)
@@ -236,10 +237,14 @@ func (d *benchDelivery) Lost() <-chan struct{}    { return d.s.lost }
 
 func (d *benchDelivery) Ack() error {
 	<-d.s.window
+	d.acked()
+	return nil
+}
+
+func (d *benchDelivery) acked() {
 	if d.s.acked.Add(1) == int64(d.s.n) {
 		close(d.s.done)
 	}
-	return nil
 }
 
 func (d *benchDelivery) Release() error {
@@ -248,10 +253,35 @@ func (d *benchDelivery) Release() error {
 	return nil
 }
 
-// fencedBenchDelivery is a Kafka delivery: its hand-out has a fence.
-type fencedBenchDelivery struct{ benchDelivery }
+// fencedBenchDelivery is a Kafka delivery: its hand-out has a fence, and,
+// as the Kafka client's, it leaves the window once the app has answered
+// (broker.Answered), while its outcome is committed.
+type fencedBenchDelivery struct {
+	benchDelivery
+	out atomic.Bool // out of the window: answered, acked or released
+}
 
 func (d *fencedBenchDelivery) Durable() <-chan struct{} { return d.s.fenced }
+
+func (d *fencedBenchDelivery) Answered() { d.leave() }
+
+func (d *fencedBenchDelivery) Ack() error {
+	d.leave()
+	d.acked()
+	return nil
+}
+
+func (d *fencedBenchDelivery) Release() error {
+	d.leave()
+	d.s.released.Add(1)
+	return nil
+}
+
+func (d *fencedBenchDelivery) leave() {
+	if d.out.CompareAndSwap(false, true) {
+		<-d.s.window
+	}
+}
 
 // benchApp answers success at once.
 type benchApp struct{}
