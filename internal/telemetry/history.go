@@ -73,13 +73,6 @@ func (h *History) Record() {
 	}
 }
 
-// Steps returns a copy of source's steps, oldest first.
-func (h *History) Steps(source string) []Step {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return append([]Step(nil), h.steps[source]...)
-}
-
 // Snapshot returns a copy of every source's steps, in Sources order, read
 // at once: each source's list ends at the same step.
 func (h *History) Snapshot() [][]Step {

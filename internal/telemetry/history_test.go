@@ -27,12 +27,12 @@ func TestHistorySteps(t *testing.T) {
 	m.Attempted("payments", "success", true, time.Millisecond)
 	clock = clock.Add(5 * time.Second)
 	h.Record()
-	got := h.Steps("orders")
+	got := h.Snapshot()[0]
 	want := Step{At: clock, Handled: 3, Retried: 1, DeadLettered: 1, Other: 2}
 	if len(got) != 1 || got[0] != want {
 		t.Fatalf("orders %+v, want [%+v]", got, want)
 	}
-	if p := h.Steps("payments"); len(p) != 1 || p[0].Handled != 1 {
+	if p := h.Snapshot()[1]; len(p) != 1 || p[0].Handled != 1 {
 		t.Fatalf("payments %+v", p)
 	}
 	for range 4 {
@@ -40,11 +40,11 @@ func TestHistorySteps(t *testing.T) {
 		m.Attempted("orders", "success", true, time.Millisecond)
 		h.Record()
 	}
-	got = h.Steps("orders")
+	got = h.Snapshot()[0]
 	if len(got) != 3 || !got[0].At.Equal(clock.Add(-10*time.Second)) || got[2].Handled != 1 || got[2].Retried != 0 {
 		t.Fatalf("after five steps of a 15 s span: %+v", got)
 	}
-	if len(h.Steps("unknown")) != 0 {
-		t.Fatal("steps of a source not kept")
+	if n := len(h.Snapshot()); n != 2 {
+		t.Fatalf("%d sources' steps, want the 2 kept", n)
 	}
 }

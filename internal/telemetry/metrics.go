@@ -255,8 +255,8 @@ func (m *Metrics) countsOf(source string) *sourceCounts {
 // outcome only.
 func (m *Metrics) Attempted(source, outcome string, first bool, took time.Duration) {
 	a := m.attemptSeries(attemptKey{source, outcome, first})
-	if a.handled != nil {
-		a.handled.Add(1)
+	if a.settles != nil {
+		a.settles.Add(1)
 	}
 	if m.off {
 		return
@@ -275,7 +275,7 @@ type attemptKey struct {
 // the outcome settles into: handled on success, other on drop.
 type attemptSeries struct {
 	outcomes, duration *series
-	handled            *atomic.Int64
+	settles            *atomic.Int64
 }
 
 // attemptSeries finds k's series in a map read without a lock: every
@@ -297,9 +297,9 @@ func (m *Metrics) attemptSeries(k attemptKey) attemptSeries {
 	}
 	switch k.outcome {
 	case "success":
-		a.handled = &m.countsOf(k.source).handled
+		a.settles = &m.countsOf(k.source).handled
 	case "drop":
-		a.handled = &m.countsOf(k.source).other
+		a.settles = &m.countsOf(k.source).other
 	}
 	m.attemptsMu.Lock()
 	defer m.attemptsMu.Unlock()
