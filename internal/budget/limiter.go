@@ -19,19 +19,25 @@ type Limiter struct {
 	mu       sync.Mutex
 	limit    float64
 	inflight int
-	queue    []*Waiter // in arrival order; withdrawn ones are skipped
+	queue    []*Waiter // in arrival order from head; withdrawn ones are skipped
+	head     int
 }
 
 // Waiter is a caller's place in the limiter's queue.
 type Waiter struct {
 	l       *Limiter
-	ready   chan struct{} // closed once a slot is the waiter's
+	ready   chan struct{} // closed once a slot is the waiter's; sent on, when reused
 	granted bool          // a slot was taken for it and Cancel has not freed it; under l.mu
 	gone    bool          // cancelled; under l.mu
+	// reused: a caller's one waiter, queued again after each slot
+	// (AcquireAgain); ready is buffered and signalled, not closed.
+	reused bool
+	queued bool // in the queue; under l.mu
 }
 
 // Ready is closed once a slot has been taken for the waiter: it holds the
-// slot from then on, and frees it with Release like any other.
+// slot from then on, and frees it with Release like any other. A reused
+// waiter's (AcquireAgain) receives once for each slot instead.
 func (w *Waiter) Ready() <-chan struct{} { return w.ready }
 
 // Cancel is for a waiter that gives up instead of using its slot: it leaves
@@ -45,6 +51,12 @@ func (w *Waiter) Cancel() {
 	switch {
 	case w.granted:
 		w.granted, w.gone = false, true
+		if w.reused {
+			select {
+			case <-w.ready: // the slot's signal, if not received
+			default:
+			}
+		}
 		l.inflight--
 		l.grant()
 	default:
@@ -83,6 +95,33 @@ func (l *Limiter) Acquire() (w *Waiter, ok bool) {
 	return w, false
 }
 
+// NewWaiter returns a waiter for AcquireAgain: one caller that queues for
+// one slot at a time (a source taking deliveries) reuses it instead of
+// making a waiter and its channel each time it waits.
+func (l *Limiter) NewWaiter() *Waiter {
+	return &Waiter{l: l, ready: make(chan struct{}, 1), reused: true}
+}
+
+// AcquireAgain is Acquire with w, made by NewWaiter, as the caller's place:
+// ok when a slot was free, or else w is queued and its Ready receives once
+// a slot is its. A waiter that received its slot may queue again; one
+// cancelled may not (its old place may still be in the queue): the
+// caller makes a new one.
+func (l *Limiter) AcquireAgain(w *Waiter) (ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if w.gone || w.queued {
+		panic("budget: a cancelled or queued waiter queued again")
+	}
+	w.granted = false
+	if l.take() {
+		return true
+	}
+	w.queued = true
+	l.queue = append(l.queue, w)
+	return false
+}
+
 // take takes a free slot; l.mu is held. Slots are handed to the queue as
 // they free, so none is free while anyone waits.
 func (l *Limiter) take() bool {
@@ -95,16 +134,32 @@ func (l *Limiter) take() bool {
 
 // grant hands free slots to the queue in order; l.mu is held.
 func (l *Limiter) grant() {
-	for l.inflight < int(l.limit) && len(l.queue) > 0 {
-		w := l.queue[0]
-		l.queue[0] = nil
-		l.queue = l.queue[1:] // the next append past its end moves it
+	for l.inflight < int(l.limit) && l.head < len(l.queue) {
+		w := l.queue[l.head]
+		l.queue[l.head] = nil
+		l.head++
+		switch {
+		case l.head == len(l.queue):
+			// Empty: start again at the array's start, so a queue of a
+			// waiter or two at a time never grows it.
+			l.queue, l.head = l.queue[:0], 0
+		case l.head >= 64 && l.head >= len(l.queue)/2:
+			// Mostly served: move the rest to the start.
+			n := copy(l.queue, l.queue[l.head:])
+			clear(l.queue[n:])
+			l.queue, l.head = l.queue[:n], 0
+		}
+		w.queued = false
 		if w.gone {
 			continue
 		}
 		w.granted = true
 		l.inflight++
-		close(w.ready)
+		if w.reused {
+			w.ready <- struct{}{}
+		} else {
+			close(w.ready)
+		}
 	}
 }
 
@@ -136,7 +191,7 @@ func (l *Limiter) Queued() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n := 0
-	for _, w := range l.queue {
+	for _, w := range l.queue[l.head:] {
 		if !w.gone {
 			n++
 		}

@@ -86,16 +86,33 @@ func TestLimiterChurn(t *testing.T) {
 	for g := range 32 {
 		wg.Go(func() {
 			r := rand.New(rand.NewPCG(uint64(g), 1))
+			// Half of them wait with one waiter of their own, reused
+			// (AcquireAgain) until they cancel it.
+			var mine *Waiter
 			for range 300 {
-				w, ok := l.Acquire()
+				var w *Waiter
+				var ok bool
+				if g%2 == 1 {
+					if mine == nil {
+						mine = l.NewWaiter()
+					}
+					w, ok = mine, l.AcquireAgain(mine)
+				} else {
+					w, ok = l.Acquire()
+				}
+				if !ok && w == mine && r.IntN(3) == 0 {
+					mine = nil // cancelled below: not queued again
+				}
 				if !ok {
 					switch r.IntN(6) {
 					case 0:
 						w.Cancel() // gives up, slot or not
+						mine = nil
 						continue
 					case 1:
 						<-w.Ready()
 						w.Cancel() // the slot came, and is not wanted after all
+						mine = nil
 						continue
 					}
 					<-w.Ready()
@@ -120,5 +137,53 @@ func TestLimiterChurn(t *testing.T) {
 	}
 	if !l.TryAcquire() {
 		t.Error("no slot free after everyone left")
+	}
+}
+
+// A caller that waits for one slot at a time reuses one waiter: it is
+// served in its turn among the others, its wait allocates nothing, and one
+// cancelled with its slot signalled and not received frees the slot.
+func TestLimiterReusedWaiter(t *testing.T) {
+	l := NewLimiter(1)
+	if !l.TryAcquire() {
+		t.Fatal("no slot free")
+	}
+	w := l.NewWaiter()
+	other, _ := l.Acquire()
+	if l.AcquireAgain(w) {
+		t.Fatal("took a slot with none free")
+	}
+	l.Release(Success)
+	if !isClosed(other.Ready()) {
+		t.Fatal("the slot did not go to the first in line")
+	}
+	l.Release(Success)
+	select {
+	case <-w.Ready():
+	default:
+		t.Fatal("the reused waiter was not served in its turn")
+	}
+	allocs := testing.AllocsPerRun(100, func() {
+		if l.AcquireAgain(w) {
+			t.Fatal("took a slot with none free")
+		}
+		l.Release(Success)
+		<-w.Ready()
+	})
+	if allocs != 0 {
+		t.Errorf("%v allocations a wait with a reused waiter, want none", allocs)
+	}
+	if l.AcquireAgain(w) {
+		t.Fatal("took a slot with none free")
+	}
+	l.Release(Success) // signalled, not received
+	w.Cancel()
+	if n, q := l.InFlight(), l.Queued(); n != 0 || q != 0 {
+		t.Fatalf("in flight %d, queued %d after the waiter gave its slot back; want none", n, q)
+	}
+	select {
+	case <-w.Ready():
+		t.Fatal("a cancelled waiter's signal was left to receive")
+	default:
 	}
 }

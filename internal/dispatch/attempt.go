@@ -222,6 +222,7 @@ func (h *handoff) attemptAfter(ctx context.Context, due time.Time) {
 // wait holds the delivery, unsettled, until due; it reports false (having
 // handed the delivery back, or left a lost one alone) when that ends first.
 func (h *handoff) wait(ctx context.Context, due time.Time) bool {
+	h.dropSlot()
 	t := time.NewTimer(max(due.Sub(h.e.now()), 0))
 	defer t.Stop()
 	if !await(h, ctx, h.intake.Done(), t.C, "") {

@@ -189,7 +189,8 @@ func (e *Engine) Run(ctx context.Context) error {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				err := src.Consume(intake, func(d broker.Delivery) { e.admit(intake, work, r, d) })
+				var queued *budget.Waiter // the source's place in the limiter's queue (admitSlot)
+				err := src.Consume(intake, func(d broker.Delivery) { e.admit(intake, work, r, d, &queued) })
 				if err != nil {
 					errs <- err
 					stopIntake()
@@ -261,8 +262,10 @@ func (e *Engine) fatalErr() error {
 // worker of its own. While intake waits, deliveries are not taken: with
 // prefetch, that holds the broker back. The number of walks in flight is
 // bounded by the sources' prefetch; the calls to the app among them by the
-// adaptive limit (see handoff.acquire).
-func (e *Engine) admit(intake, work context.Context, r *Route, d broker.Delivery) {
+// adaptive limit (see handoff.acquire). A plain first delivery also waits
+// here for its call's slot (admitSlot), as a hand-written consumer's
+// workers do: its walk starts only when it can call.
+func (e *Engine) admit(intake, work context.Context, r *Route, d broker.Delivery, queued **budget.Waiter) {
 	if e.gate.wait(intake) != nil || e.jgate.wait(intake) != nil {
 		e.handBack(d)
 		return
@@ -276,7 +279,14 @@ func (e *Engine) admit(intake, work context.Context, r *Route, d broker.Delivery
 			return
 		}
 	}
-	w := walk{r: r, d: d, msg: msg, intake: intake, work: work, open: e.open[r.Name], final: msg.FinalDelivery}
+	slot := false
+	if !msg.Copy && msg.OrderKey == "" && !msg.FinalDelivery {
+		var ok bool
+		if slot, ok = e.admitSlot(intake, d, queued); !ok {
+			return
+		}
+	}
+	w := walk{r: r, d: d, msg: msg, intake: intake, work: work, open: e.open[r.Name], final: msg.FinalDelivery, slot: slot}
 	if w.final {
 		e.iso.finalIn()
 	}
@@ -286,6 +296,48 @@ func (e *Engine) admit(intake, work context.Context, r *Route, d broker.Delivery
 	e.workers.Add(1)
 	w.id = w.open.enter(e.now())
 	e.pool.start(w)
+}
+
+// admitSlot takes a slot for the first call of a delivery about to be
+// admitted, waiting for one in the limiter's queue, on the source's
+// goroutine: slot says it holds one, which its walk's first attempt uses
+// (see handoff.acquire) or gives back. Queued there, the source takes no
+// more deliveries, and the walks waiting for a slot are not each a parked
+// goroutine with a waiter of its own: the source is the one waiter. No
+// slot is taken while first attempts are paused or an Overload answer
+// holds calls: the walk waits in acquire, as every walk did before. ok is
+// false when the delivery was handed back (intake stopped) or lost.
+//
+// Only a delivery whose walk goes straight to its call takes it: a copy
+// waits for a budget token first, a delivery in a sequence for its turn,
+// and one on its final count makes no call. A walk that turns out to wait
+// for something else before its call (its event's lock, a due time) or to
+// make none gives the slot back first (handoff.dropSlot), so no slot is
+// held by a walk waiting on another walk.
+func (e *Engine) admitSlot(intake context.Context, d broker.Delivery, queued **budget.Waiter) (slot, ok bool) {
+	if !isClosed(e.fresh.openChan()) || e.overloadUntil.Load() != 0 {
+		return false, true
+	}
+	// One source waits for one slot at a time: its place in the queue is
+	// one waiter, reused, not one made for each wait.
+	w := *queued
+	if w == nil {
+		w = e.limiter.NewWaiter()
+		*queued = w
+	}
+	if e.limiter.AcquireAgain(w) {
+		return true, true
+	}
+	select {
+	case <-w.Ready():
+		return true, true
+	case <-intake.Done():
+		e.handBack(d)
+	case <-d.Lost():
+	}
+	w.Cancel()
+	*queued = nil // a cancelled waiter is not queued again
+	return false, false
 }
 
 // walk is one delivery admitted, and what its walk needs from admission.
@@ -304,6 +356,8 @@ type walk struct {
 	retire bool
 	// final: the delivery is on its final count, counted in e.iso.
 	final bool
+	// slot: admission took a slot for its first call (admitSlot).
+	slot bool
 }
 
 // walk runs w's hand-off once its turn in its sequence comes.
@@ -320,11 +374,13 @@ func (e *Engine) walk(w *walk) {
 			return
 		}
 	}
+
 	ws := newWalkState()
 	h := &ws.h
 	*h = handoff{e: e, r: w.r, d: w.d, msg: w.msg, retry: w.msg.Copy, intake: w.intake,
-		leave: w.leave, openSet: w.open, openID: w.id, final: w.final, space: &ws.space, room: ws.space.recs[:], state: ws}
+		leave: w.leave, openSet: w.open, openID: w.id, final: w.final, slot: w.slot, space: &ws.space, room: ws.space.recs[:], state: ws}
 	h.run(w.work)
+	h.dropSlot() // a walk that ended before its call
 	if !h.later {
 		h.ended()
 	}

@@ -78,6 +78,9 @@ type handoff struct {
 	ctx     context.Context // the walk's, for Committed
 	// final: the delivery is on its final count (walk.final).
 	final bool
+	// slot: the walk holds a slot under the limiter, taken at admission
+	// for its first call (Engine.admitSlot) and not yet used.
+	slot bool
 	// isolated is what the walk holds of the engine's isolation: nothing,
 	// a share, or all of it for an alone call.
 	isolated uint8
@@ -98,6 +101,16 @@ func (h *handoff) ended() {
 	h.e.walkEnded(h.leave, h.openSet, h.openID, h.final)
 	if ws := h.state; ws != nil {
 		ws.release()
+	}
+}
+
+// dropSlot gives back the slot admission took for the walk's first call,
+// if it still holds it: the walk is about to wait for something else, or
+// to end without a call.
+func (h *handoff) dropSlot() {
+	if h.slot {
+		h.slot = false
+		h.e.limiter.Release(0)
 	}
 }
 
@@ -180,7 +193,7 @@ func (h *handoff) run(ctx context.Context) {
 	e := h.e
 	ok := h.readTrail()
 	e.o.Observer.Received(h.r.Name, h.retry)
-	kl, err := e.keys.lock(ctx, h.key)
+	kl, err := e.keys.lock(ctx, h.key, h.dropSlot)
 	if err != nil {
 		e.handBack(h.d)
 		return
@@ -197,6 +210,11 @@ func (h *handoff) run(ctx context.Context) {
 		// which at worst repeats work the journal would have saved.
 		h.logger().Error("journal unreadable for this event; handling it as new", "err", err)
 		st = journal.State{}
+	}
+	if st.Found {
+		// Not the usual path: what the history asks for may wait, or
+		// make no call, and the first call queues for its slot again.
+		h.dropSlot()
 	}
 	if h.resume(ctx, &st) {
 		return

@@ -31,8 +31,9 @@ type keyLock struct {
 func newKeyLocks() *keyLocks { return &keyLocks{m: make(map[journal.Key]*keyLock)} }
 
 // lock waits for k until ctx is done; unlock with the lock it returns
-// releases it.
-func (l *keyLocks) lock(ctx context.Context, k journal.Key) (*keyLock, error) {
+// releases it. contended, when not nil, is called before a wait, when
+// another holds k.
+func (l *keyLocks) lock(ctx context.Context, k journal.Key, contended func()) (*keyLock, error) {
 	l.mu.Lock()
 	kl := l.m[k]
 	if kl == nil {
@@ -50,6 +51,9 @@ func (l *keyLocks) lock(ctx context.Context, k journal.Key) (*keyLock, error) {
 	case kl.held <- struct{}{}:
 		return kl, nil
 	default:
+	}
+	if contended != nil {
+		contended()
 	}
 	select {
 	case kl.held <- struct{}{}:

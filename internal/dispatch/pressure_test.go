@@ -234,9 +234,10 @@ func TestFreshIntakePausesWhenBudgetSpentAndFailing(t *testing.T) {
 	}
 }
 
-// Walks queued for a call slot when intake stops are handed back, and take
-// no slot with them: the one call in flight finishes, and after it none is
-// counted as taken.
+// Deliveries waiting for a call slot when intake stops are handed back, and
+// take no slot with them: the one call in flight finishes, and after it none
+// is counted as taken. (The second waits at admission, and the source takes
+// the third only once intake has stopped.)
 func TestQueuedWalksHandedBackTakeNoSlot(t *testing.T) {
 	r := newRig(t)
 	app := newScriptApp(handler.Result{Outcome: budget.Success}, 100*time.Millisecond)
@@ -248,7 +249,7 @@ func TestQueuedWalksHandedBackTakeNoSlot(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
-	testkit.Eventually(t, 30*time.Second, "the condition", func() bool { return app.count() == 1 && e.limiter.Queued() == 2 })
+	testkit.Eventually(t, 30*time.Second, "the second queued at admission", func() bool { return app.count() == 1 && e.limiter.Queued() == 1 })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -317,17 +318,19 @@ func TestSlotGivenBackWhenAPauseBegins(t *testing.T) {
 	testkit.Eventually(t, 30*time.Second, "the condition", func() bool { return app.count() >= 2 })
 }
 
-// A walk whose deadline passes while it waits for a call slot is
-// dead-lettered when the slot comes, not called.
+// A re-attempt whose deadline passes while it waits for a call slot is
+// dead-lettered when the slot comes, not called. (A copy's walk queues for
+// its slot itself; a first delivery waits at admission, before its
+// deadline starts: TestFirstDeliveryWaitsForItsSlotAtAdmission.)
 func TestDeadlinePassedInTheQueue(t *testing.T) {
 	r := newRig(t)
 	app := newScriptApp(handler.Result{Outcome: budget.Success}, 0)
-	late := r.delivery("late")
 	clock := newTestClock()
-	e := r.engineWith(app, func(o *Options) {
-		o.MaxConcurrency = 1
-		o.Policy.Deadline = 100 * time.Millisecond
-	}, late)
+	late := r.delivery("late")
+	late.msg.Copy = true
+	tr := broker.Trail{EventID: "late", Attempt: 1, Hops: 1, FirstAttemptAt: clock.Now(), Deadline: clock.Now().Add(100 * time.Millisecond)}
+	late.msg.Headers = tr.Headers()
+	e := r.engineWith(app, func(o *Options) { o.MaxConcurrency = 1 }, late)
 	e.limiter, e.now = budget.NewLimiter(1), clock.Now
 	if !e.limiter.TryAcquire() { // the one slot, held by the test
 		t.Fatal("no slot free at the start")
@@ -336,7 +339,9 @@ func TestDeadlinePassedInTheQueue(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
 	defer func() { cancel(); <-done }()
-	testkit.Eventually(t, 30*time.Second, "the condition", func() bool { return e.limiter.Queued() == 1 })
+	testkit.Eventually(t, 30*time.Second, "the copy's walk queued for a slot", func() bool {
+		return e.limiter.Queued() == 1 && e.Status().Routes[0].InFlight == 1
+	})
 	clock.Advance(150 * time.Millisecond) // past the walk's deadline
 	e.limiter.Release(0)
 	testkit.Eventually(t, 30*time.Second, "the condition", func() bool {
@@ -356,6 +361,63 @@ func TestDeadlinePassedInTheQueue(t *testing.T) {
 	}
 	if n := e.limiter.InFlight(); n != 0 {
 		t.Fatalf("%d slots taken after the walk ended", n)
+	}
+}
+
+// A first delivery waits for its call's slot at admission, on the source's
+// goroutine, as a hand-written consumer's fixed workers take no more than
+// they can call: the source takes nothing more meanwhile, no walk is
+// started, and the message's deadline, which counts from its first
+// attempt, has not begun — so a wait longer than the deadline still ends
+// in a call. A delivery lost while it waits is left alone, and its place
+// in the queue goes with it.
+func TestFirstDeliveryWaitsForItsSlotAtAdmission(t *testing.T) {
+	r := newRig(t)
+	app := newScriptApp(handler.Result{Outcome: budget.Success}, 0)
+	clock := newTestClock()
+	gone, first, second := r.delivery("gone"), r.delivery("first"), r.delivery("second")
+	e := r.engineWith(app, func(o *Options) {
+		o.MaxConcurrency = 1
+		o.Policy.Deadline = 100 * time.Millisecond
+	}, gone, first, second)
+	e.limiter, e.now = budget.NewLimiter(1), clock.Now
+	if !e.limiter.TryAcquire() { // the one slot, held by the test
+		t.Fatal("no slot free at the start")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	testkit.Eventually(t, 30*time.Second, "the first delivery queued at admission", func() bool { return e.limiter.Queued() == 1 })
+	if n := e.Status().Routes[0].InFlight; n != 0 {
+		t.Fatalf("%d walks started while the delivery waits for a slot; want none", n)
+	}
+	close(gone.lost) // the channel went: its place in the queue goes too
+	testkit.Eventually(t, 30*time.Second, "the next delivery queued in its place", func() bool {
+		return e.limiter.Queued() == 1 && e.Status().Routes[0].InFlight == 0
+	})
+	clock.Advance(time.Second) // ten deadlines, all spent waiting to be taken
+	e.limiter.Release(0)
+	testkit.Eventually(t, 30*time.Second, "both called and acked", func() bool {
+		n := 0
+		for _, ev := range r.snapshot() {
+			if ev.kind == "ack" {
+				n++
+			}
+		}
+		return n == 2 && app.count() == 2
+	})
+	if ev := r.snapshot(); len(ev) != 2 {
+		t.Fatalf("events %v; want the two acks alone: nothing moved on, the lost one left alone", kinds(ev))
+	}
+	app.mu.Lock()
+	attempts := fmt.Sprint(app.attempts)
+	app.mu.Unlock()
+	if want := "map[first:[1] second:[1]]"; attempts != want {
+		t.Fatalf("attempts by event %s, want %s", attempts, want)
+	}
+	if n := e.limiter.InFlight(); n != 0 {
+		t.Fatalf("%d slots taken after the walks ended", n)
 	}
 }
 

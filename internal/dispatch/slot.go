@@ -68,10 +68,15 @@ func (h *handoff) refund() {
 // pause begins is given back, and the walk waits out the pause and queues
 // again. It gives up, handing the delivery back, when intake stops or ctx is
 // done, and leaves a lost delivery alone. waited says whether it had to wait
-// for the slot: the clock and the deadline have moved only then.
+// for the slot: the clock and the deadline have moved only then. A plain
+// delivery's first attempt mostly comes with its slot, taken at admission
+// (Engine.admitSlot), and waits here only while calls are paused.
 func (h *handoff) acquire(ctx context.Context, first bool) (ok, waited bool) {
 	e := h.e
-	held := false // the limiter's queue gave this walk a slot while it waited
+	// held: the walk holds a slot, given by the limiter's queue while it
+	// waited, or taken at its admission.
+	held := h.slot
+	h.slot = false
 	giveBack := func() {
 		if held {
 			e.limiter.Release(0)

@@ -31,6 +31,7 @@ const (
 // broker's confirm, journal TRANSFERRED, and only then ack. trail, when not
 // nil, is a copy's recorded headers to publish again exactly.
 func (h *handoff) transfer(ctx context.Context, trail broker.Headers, dest broker.Destination, why string, before ...journal.Record) {
+	h.dropSlot() // no call is made on this hop
 	next := h.trail.Hops + 1
 	if trail == nil {
 		copyTrail := h.trail
