@@ -63,9 +63,10 @@ func KafkaTopic(t *testing.T, base string, partitions int32) ([]string, string) 
 			}
 		}
 		_, _ = adm.DeleteTopics(ctx, drop...)
-		// The group, and the one its members share their handed-out
-		// marks in (kafka.MarksGroup).
-		_, _ = adm.DeleteGroups(ctx, KafkaGroup(topic), KafkaGroup(topic)+".handoff-marks")
+		// The group (a consumer or share group), and the one its members
+		// share their handed-out marks in (kafka.MarksGroup).
+		_, _ = adm.DeleteGroups(ctx, KafkaGroup(topic), KafkaGroup(topic)+".handoff-marks",
+			KafkaGroup(topic)+".retries") // a share group's retry readers (kafka.ShareRetryGroup)
 	})
 	// A broker busy with its first use (creating its internal topics) can
 	// take a while to give a new topic leaders; wait for them.

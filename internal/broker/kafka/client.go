@@ -80,6 +80,12 @@ type Options struct {
 	// the start to a later end. Retry topics always start at their start.
 	// Not with TransactionalID, whose commits go with copies only.
 	StartAtEnd bool
+	// Share makes Group a share group (KIP-932, share.go): Topic is
+	// consumed through it by ShareSource, one record acknowledged at a
+	// time, and the retry topics by the client's own poll loop in the
+	// consumer group ShareRetryGroup(Group). Ordering must be none, and
+	// neither TransactionalID nor InstanceID applies.
+	Share bool
 	// Extra are further client options (TLS, SASL, tests' timeouts).
 	Extra  []kgo.Opt
 	Logger *slog.Logger
@@ -109,6 +115,12 @@ type Client struct {
 	answeredBytes atomic.Int64
 	maxAnswered   int64
 	retry         map[string]bool // retry topics
+
+	// group is the consumer group the poll loop consumes in: Group, or
+	// with Share the one that reads its retry topics.
+	group string
+	// share consumes Topic through the share group; nil unless Share.
+	share *ShareSource
 
 	txn *committer // nil unless transactional
 	// plain produces replayed copies for a transactional client, whose own
@@ -245,7 +257,15 @@ func New(o Options) (*Client, error) {
 		closed:      make(chan struct{}),
 		balancer:    &perTopicBalancer{},
 	}
+	if o.Share && (o.TransactionalID != "" || o.InstanceID != "" || (o.Ordering != "" && o.Ordering != broker.OrderNone)) {
+		return nil, errors.New("kafka share group: ordering must be none, without a transactional or instance id")
+	}
+	c.group = o.Group
 	topics := []string{o.Topic}
+	if o.Share {
+		c.group = ShareRetryGroup(o.Group)
+		topics = nil
+	}
 	for _, t := range o.Tiers {
 		rt := RetryTopic(o.Topic, o.Group, t)
 		c.retry[rt] = true
@@ -253,7 +273,7 @@ func New(o Options) (*Client, error) {
 	}
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(o.Brokers...),
-		kgo.ConsumerGroup(o.Group),
+		kgo.ConsumerGroup(c.group),
 		kgo.ConsumeTopics(topics...),
 		kgo.Balancers(groupBalancers(c.balancer)...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
@@ -299,6 +319,12 @@ func New(o Options) (*Client, error) {
 			return nil, fmt.Errorf("kafka client: %w", err)
 		}
 		c.cl = cl
+		if o.Share {
+			if c.share, err = newShareSource(c, o.Extra); err != nil {
+				cl.Close()
+				return nil, err
+			}
+		}
 		return c, nil
 	}
 	s, err := kgo.NewGroupTransactSession(opts...)
@@ -326,6 +352,10 @@ func (c *Client) partition(topic string, p int32) *partition {
 // are unsettled. A retry topic's partition whose next record is not yet due
 // is paused until it is, and the poll goes on for the others.
 func (c *Client) Consume(ctx context.Context, deliver func(broker.Delivery)) error {
+	if len(c.retry) == 0 && c.share != nil {
+		<-ctx.Done() // a share group's source without retry topics: nothing here
+		return nil
+	}
 	for {
 		// Take only as many records as can be handed out now: the rest stay
 		// buffered in the client, which fetches no more until they are
@@ -498,6 +528,9 @@ func (c *Client) Close() error {
 	c.once.Do(func() {
 		close(c.closed)
 		c.timers.Wait()
+		if c.share != nil {
+			c.share.close()
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if c.txn != nil {
@@ -535,7 +568,7 @@ func (c *Client) leave() {
 	ctx, cancelLeave := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancelLeave()
 	resps, err := kadm.NewClient(c.cl).LeaveGroup(ctx,
-		kadm.LeaveGroup(c.o.Group).InstanceIDs(c.o.InstanceID).Reason("sidecar stopped"))
+		kadm.LeaveGroup(c.group).InstanceIDs(c.o.InstanceID).Reason("sidecar stopped"))
 	if err == nil {
 		err = resps.Error()
 	}

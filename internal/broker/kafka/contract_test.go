@@ -2,8 +2,10 @@ package kafka
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -37,6 +39,57 @@ func TestContract(t *testing.T) {
 			}, caps)
 		})
 	}
+}
+
+// The broker contract on a share group: the topic through the share group,
+// its retry topics through the client's poll loop. A record released comes
+// back at once, to the same member if it polls first, flagged by its
+// delivery count, as one whose member stopped without settling it does.
+func TestContractShareGroup(t *testing.T) {
+	caps := brokertest.Capabilities{FindsRetryCopies: true, ReleaseRedeliversAtOnce: true, FlagsRedelivery: true}
+	t.Run("kfake", func(t *testing.T) {
+		brokertest.Run(t, func(t *testing.T) brokertest.Fixture {
+			return shareFixture(t, cluster(t, "contract"), "contract")
+		}, caps)
+	})
+	t.Run("apache", func(t *testing.T) {
+		brokertest.Run(t, func(t *testing.T) brokertest.Fixture {
+			brokers, topic := brokertest.KafkaTopic(t, "contract", 1)
+			return shareFixture(t, brokers, topic)
+		}, caps)
+	})
+}
+
+// shareFixture is kafkaFixture on a share group.
+func shareFixture(t *testing.T, brokers []string, topic string) brokertest.Fixture {
+	f := kafkaFixture(t, brokers, topic, "")
+	f.Open = func(t *testing.T) (brokertest.Consumer, brokertest.Transferer, func()) {
+		c, err := New(Options{Name: "contract", Brokers: brokers, Topic: topic, Group: brokertest.KafkaGroup(topic), Share: true,
+			Tiers: []time.Duration{contractTier}, Declare: true, RevokeTimeout: 100 * time.Millisecond,
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Declare(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		return bothLoops{c.ShareSource(), c}, c, func() { _ = c.Close() }
+	}
+	return f
+}
+
+// bothLoops runs a share group's two loops as one source: the share
+// group's records and the retry topics' copies.
+type bothLoops [2]brokertest.Consumer
+
+func (b bothLoops) Consume(ctx context.Context, deliver func(broker.Delivery)) error {
+	var mu sync.Mutex
+	one := func(d broker.Delivery) { mu.Lock(); defer mu.Unlock(); deliver(d) }
+	errs := make(chan error, 2)
+	for _, c := range b {
+		go func() { errs <- c.Consume(ctx, one) }()
+	}
+	return errors.Join(<-errs, <-errs)
 }
 
 const contractTier = 500 * time.Millisecond

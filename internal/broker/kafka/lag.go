@@ -31,7 +31,7 @@ func (c *Client) RetryLag(ctx context.Context) ([]TierLag, error) {
 		return nil, nil
 	}
 	adm := kadm.NewClient(c.cl)
-	committed, err := adm.FetchOffsets(ctx, c.o.Group)
+	committed, err := adm.FetchOffsets(ctx, c.group)
 	if err != nil {
 		return nil, fmt.Errorf("fetch the group's offsets: %w", err)
 	}
@@ -77,6 +77,9 @@ func (c *Client) RetryLag(ctx context.Context) ([]TierLag, error) {
 // since its latest commit — and the sum of the topic's end offsets: what
 // was ever produced to it, whose growth is the arrival rate.
 func (c *Client) Backlog(ctx context.Context) (lag, produced int64, err error) {
+	if c.share != nil {
+		return c.shareBacklog(ctx)
+	}
 	adm := kadm.NewClient(c.cl)
 	committed, err := adm.FetchOffsets(ctx, c.o.Group)
 	if err != nil {

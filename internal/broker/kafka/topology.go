@@ -16,6 +16,16 @@ import (
 // the brokers' default replication. Without Options.Declare it only checks
 // that they exist.
 func (c *Client) Declare(ctx context.Context) error {
+	if err := c.declareTopics(ctx); err != nil {
+		return err
+	}
+	if c.share != nil {
+		return c.share.declare(ctx)
+	}
+	return nil
+}
+
+func (c *Client) declareTopics(ctx context.Context) error {
 	adm := kadm.NewClient(c.cl)
 	details, err := adm.ListTopics(ctx, c.o.Topic)
 	if err != nil {

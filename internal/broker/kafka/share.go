@@ -1,0 +1,501 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"handoff.dev/handoff/internal/broker"
+)
+
+// A share group (KIP-932) hands each record to one member at a time and
+// takes it back, acknowledged one by one: more members than partitions
+// share a topic, and a record that fails holds back no other. The broker
+// counts a record's deliveries and, at the group's limit, archives it
+// without telling anyone; a record acquired is locked to its member for
+// the lock duration, renewed by the member while it works on it.
+//
+// The source topic is consumed through the share group (ShareSource); its
+// retry topics, which the sidecar writes and reads back only when a copy
+// is due, through a consumer group of their own (ShareRetryGroup), by the
+// Client's poll loop as before. Copies, dead letters and their ledger are
+// named after the share group.
+
+// ShareRetryGroup is the consumer group that reads a share group's retry
+// topics: Kafka's groups of both kinds share one namespace, so it cannot
+// be the share group's own name.
+func ShareRetryGroup(group string) string { return group + ".retries" }
+
+// The group configs of a share group that the sidecar reads, and the
+// brokers' defaults they fall back to.
+const (
+	shareConfigLimit   = "share.delivery.count.limit"
+	shareConfigLock    = "share.record.lock.duration.ms"
+	shareConfigReset   = "share.auto.offset.reset"
+	shareDefaultsLimit = "group.share.delivery.count.limit"
+	shareDefaultsLock  = "group.share.record.lock.duration.ms"
+)
+
+// Kafka's own defaults, when neither the group nor the brokers say.
+const (
+	defaultShareLimit = 5
+	defaultShareLock  = 30 * time.Second
+)
+
+// ShareLimits are what the brokers do with a share group's records: a
+// record delivered Limit times and not acknowledged is archived, and a
+// record acquired is another member's after Lock unless renewed.
+type ShareLimits struct {
+	Limit int
+	Lock  time.Duration
+	// From says where they were read: "group", "brokers" or "defaults"
+	// (nothing could be read).
+	From string
+}
+
+// ShareSource consumes the source topic through the client's share group.
+// Build it with Client.ShareSource; Consume runs its poll loop.
+type ShareSource struct {
+	c  *Client
+	cl *kgo.Client
+	// limit and lock are the group's (ShareLimits), once read by Declare;
+	// until then Kafka's defaults.
+	limit atomic.Int32
+	lock  atomic.Int64
+	// lost is closed when the client closes: a record not acknowledged by
+	// then goes back to the group.
+	lost chan struct{}
+
+	mu sync.Mutex
+	// out holds this poll's records not yet acknowledged or released; the
+	// next poll waits until it is empty (see Consume), and idle is closed
+	// then.
+	out  map[*shareDelivery]struct{}
+	idle chan struct{}
+}
+
+// ShareSource is the client's share-group source; nil unless
+// Options.Share.
+func (c *Client) ShareSource() *ShareSource { return c.share }
+
+func newShareSource(c *Client, extra []kgo.Opt) (*ShareSource, error) {
+	s := &ShareSource{c: c, lost: make(chan struct{}), out: map[*shareDelivery]struct{}{}}
+	s.limit.Store(defaultShareLimit)
+	s.lock.Store(int64(defaultShareLock))
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(c.o.Brokers...),
+		kgo.ShareGroup(c.o.Group),
+		kgo.ConsumeTopics(c.o.Topic),
+		// One fetch a poll, of at most the window: a record fetched ahead
+		// would be locked to this member, its lock running, while the
+		// window's calls are still being made.
+		kgo.ShareMaxRecords(int32(c.o.MaxInFlight)),
+		kgo.ShareMaxRecordsStrict(),
+		kgo.MaxConcurrentFetches(0),
+		kgo.ShareAckCallback(s.acked),
+	}
+	opts = append(opts, c.o.Extra...)
+	if c.o.FetchMaxBytes > 0 {
+		opts = append(opts, kgo.FetchMaxBytes(c.o.FetchMaxBytes))
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka share group client: %w", err)
+	}
+	s.cl = cl
+	return s, nil
+}
+
+// declare makes the group start where the source asks (with
+// Options.Declare) and reads its limits, which it logs with what they
+// imply.
+func (s *ShareSource) declare(ctx context.Context) error {
+	from := "earliest"
+	if s.c.o.StartAtEnd {
+		from = "latest"
+	}
+	if s.c.o.Declare {
+		changed, err := setShareStart(ctx, s.cl, s.c.o.Group, from)
+		if err != nil {
+			return err
+		}
+		if changed {
+			s.c.log.Info("kafka share group: set to start at the "+from+" record when it has consumed nothing", "config", shareConfigReset)
+		}
+	}
+	l, err := readShareLimits(ctx, s.cl, s.c.o.Group)
+	if err != nil {
+		return err
+	}
+	s.limit.Store(int32(l.Limit))
+	s.lock.Store(int64(l.Lock))
+	s.c.log.Info("kafka share group: a record delivered this many times and not acknowledged is archived by the brokers; the sidecar moves it out on its last delivery instead, uncalled. A call longer than the lock is renewed while it runs",
+		"delivery_count_limit", l.Limit, "lock_duration", l.Lock, "read_from", l.From)
+	return nil
+}
+
+// Limits are the group's delivery limit and lock duration as last read.
+func (s *ShareSource) Limits() (limit int, lock time.Duration) {
+	return int(s.limit.Load()), time.Duration(s.lock.Load())
+}
+
+// acked logs acknowledgements the brokers refused: such a record comes
+// back, to this member or another, and its journal or the next one's
+// settles it.
+func (s *ShareSource) acked(_ *kgo.Client, rs kgo.ShareAckResults) {
+	if err := rs.Error(); err != nil {
+		s.c.log.Warn("kafka share group: an acknowledgement was refused; its records are delivered again", "err", err)
+	}
+}
+
+// Consume polls the share group until ctx is done and calls deliver for
+// each record, from this goroutine. A poll takes at most MaxInFlight
+// records, and the next poll waits until each of them is acknowledged or
+// released: the client accepts, at its next poll, every record of the
+// previous one still unacknowledged, which would settle records whose next
+// owner does not have them yet. While they are worked on, records held
+// for more than half the lock duration are renewed.
+func (s *ShareSource) Consume(ctx context.Context, deliver func(broker.Delivery)) error {
+	renewed := make(chan struct{})
+	renewCtx, stopRenew := context.WithCancel(ctx)
+	go func() { defer close(renewed); s.renewer(renewCtx) }()
+	defer func() { stopRenew(); <-renewed }()
+	for {
+		fetches := s.cl.PollRecords(ctx, 0)
+		if ctx.Err() != nil || fetches.IsClientClosed() {
+			return nil
+		}
+		fetches.EachError(func(topic string, p int32, err error) {
+			switch why, refused := Refusal(err); {
+			case errors.Is(err, context.Canceled):
+			case refused:
+				s.c.log.Error("kafka refused the sidecar: "+why, "fetch_topic", topic, "partition", p, "err", err)
+			default:
+				s.c.log.Warn("kafka share fetch error", "fetch_topic", topic, "partition", p, "err", err)
+			}
+		})
+		recs := fetches.Records()
+		if len(recs) == 0 {
+			continue
+		}
+		ds := make([]*shareDelivery, len(recs))
+		for i, r := range recs {
+			ds[i] = s.newDelivery(r)
+		}
+		idle := s.handOut(ds)
+		for i, d := range ds {
+			if ctx.Err() != nil {
+				// Not handed out: back to the group at once, for another
+				// member.
+				for _, rest := range ds[i:] {
+					_ = rest.Release()
+				}
+				return nil
+			}
+			deliver(d)
+		}
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// handOut records ds as this poll's outstanding records and returns what
+// is closed once none is.
+func (s *ShareSource) handOut(ds []*shareDelivery) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.idle = make(chan struct{})
+	now := s.c.now()
+	for _, d := range ds {
+		d.held.Store(now.UnixNano())
+		s.out[d] = struct{}{}
+	}
+	return s.idle
+}
+
+// finish takes d off the outstanding records, once.
+func (s *ShareSource) finish(d *shareDelivery, status kgo.AckStatus) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.out[d]; !ok {
+		return nil
+	}
+	select {
+	case <-s.lost:
+		// The client closed: the brokers took the record back, and an
+		// acknowledgement now goes nowhere.
+		delete(s.out, d)
+		return errors.New("kafka share group client closed")
+	default:
+	}
+	d.r.Ack(status)
+	delete(s.out, d)
+	if len(s.out) == 0 && s.idle != nil {
+		close(s.idle)
+		s.idle = nil
+	}
+	return nil
+}
+
+// renewer renews the lock of each record held for more than half the lock
+// duration, every quarter of it, until ctx is done: a call that outlives
+// the lock does not see its record handed to another member meanwhile.
+func (s *ShareSource) renewer(ctx context.Context) {
+	for {
+		_, lock := s.Limits()
+		t := time.NewTimer(max(lock/4, 100*time.Millisecond))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		now := s.c.now().UnixNano()
+		due := now - int64(lock/2)
+		s.mu.Lock()
+		for d := range s.out {
+			if d.held.Load() <= due {
+				d.r.Ack(kgo.AckRenew)
+				d.held.Store(now)
+				d.renewals.Add(1)
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+// Outstanding is how many records of the current poll are neither
+// acknowledged nor released.
+func (s *ShareSource) Outstanding() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.out)
+}
+
+// close sends the acknowledgements made and leaves the group; records
+// still held go back to it.
+func (s *ShareSource) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.cl.FlushAcks(ctx); err != nil {
+		s.c.log.Warn("kafka share group: sending the last acknowledgements failed; their records are delivered again", "err", err)
+	}
+	s.mu.Lock()
+	close(s.lost)
+	s.mu.Unlock()
+	s.cl.Close()
+}
+
+// shareDelivery is one record acquired through the share group.
+type shareDelivery struct {
+	s   *ShareSource
+	r   *kgo.Record
+	msg broker.Message
+	// held is when the record was handed out or last renewed (unix ns).
+	held     atomic.Int64
+	renewals atomic.Int32
+}
+
+var _ broker.Delivery = (*shareDelivery)(nil)
+
+func (s *ShareSource) newDelivery(r *kgo.Record) *shareDelivery {
+	d := &shareDelivery{s: s, r: r}
+	h := make(broker.Headers, len(r.Headers))
+	var contentType string
+	for _, kv := range r.Headers {
+		h[kv.Key] = string(kv.Value)
+		if kv.Key == contentTypeHeader {
+			contentType = string(kv.Value)
+		}
+	}
+	pos := position(r)
+	n := r.DeliveryCount()
+	limit := s.limit.Load()
+	d.msg = broker.Message{
+		Body:        r.Value,
+		ContentType: contentType,
+		Key:         r.Key,
+		Headers:     h,
+		Position:    pos,
+		Origin:      pos,
+		Native:      r,
+		// Another member, or this one before a restart, had it: its call
+		// may have reached the app.
+		Redelivered:   n > 1,
+		DeliveryCount: int(n - 1),
+		// One more return and the brokers archive it, unseen by anyone:
+		// the engine moves it out without a call.
+		FinalDelivery: limit > 0 && n >= limit,
+	}
+	return d
+}
+
+func (d *shareDelivery) Message() *broker.Message { return &d.msg }
+
+// Ack accepts the record: the group is done with it.
+func (d *shareDelivery) Ack() error { return d.s.finish(d, kgo.AckAccept) }
+
+// Release hands the record back to the group, for its next delivery.
+func (d *shareDelivery) Release() error { return d.s.finish(d, kgo.AckRelease) }
+
+// Lost is closed once the client closed.
+func (d *shareDelivery) Lost() <-chan struct{} { return d.s.lost }
+
+// readShareLimits reads the group's delivery limit and lock duration: the
+// group's own configs, else the brokers' defaults, else Kafka's.
+func readShareLimits(ctx context.Context, cl *kgo.Client, group string) (ShareLimits, error) {
+	out := ShareLimits{Limit: defaultShareLimit, Lock: defaultShareLock, From: "defaults"}
+	req := kmsg.NewPtrDescribeConfigsRequest()
+	res := kmsg.NewDescribeConfigsRequestResource()
+	res.ResourceType = kmsg.ConfigResourceTypeGroupConfig
+	res.ResourceName = group
+	res.ConfigNames = []string{shareConfigLimit, shareConfigLock}
+	req.Resources = append(req.Resources, res)
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return out, fmt.Errorf("describe the share group's configs: %w", err)
+	}
+	limit, lock := "", ""
+	for _, r := range resp.Resources {
+		for _, c := range r.Configs {
+			if c.Value == nil || c.Source == kmsg.ConfigSourceDefaultConfig {
+				continue
+			}
+			switch c.Name {
+			case shareConfigLimit:
+				limit = *c.Value
+			case shareConfigLock:
+				lock = *c.Value
+			}
+		}
+	}
+	if limit != "" || lock != "" {
+		out.From = "group"
+	}
+	if limit == "" || lock == "" {
+		bs, err := kadm.NewClient(cl).DescribeBrokerConfigs(ctx)
+		if err == nil {
+			for _, r := range bs {
+				for _, c := range r.Configs {
+					if c.Value == nil {
+						continue
+					}
+					switch {
+					case c.Key == shareDefaultsLimit && limit == "":
+						limit = *c.Value
+					case c.Key == shareDefaultsLock && lock == "":
+						lock = *c.Value
+					}
+				}
+			}
+			if out.From == "defaults" && (limit != "" || lock != "") {
+				out.From = "brokers"
+			}
+		}
+	}
+	if n, err := strconv.Atoi(limit); err == nil && n > 0 {
+		out.Limit = n
+	}
+	if ms, err := strconv.ParseInt(lock, 10, 64); err == nil && ms > 0 {
+		out.Lock = time.Duration(ms) * time.Millisecond
+	}
+	return out, nil
+}
+
+// setShareStart makes the share group start where the source asks
+// ("earliest" or "latest") when it has consumed nothing yet: the brokers'
+// default, latest, would skip every record produced before the group's
+// first member joined. It is left alone when it says so already.
+func setShareStart(ctx context.Context, cl *kgo.Client, group, from string) (changed bool, err error) {
+	req := kmsg.NewPtrDescribeConfigsRequest()
+	res := kmsg.NewDescribeConfigsRequestResource()
+	res.ResourceType = kmsg.ConfigResourceTypeGroupConfig
+	res.ResourceName = group
+	res.ConfigNames = []string{shareConfigReset}
+	req.Resources = append(req.Resources, res)
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return false, fmt.Errorf("describe the share group's configs: %w", err)
+	}
+	for _, r := range resp.Resources {
+		for _, c := range r.Configs {
+			if c.Name == shareConfigReset && c.Value != nil && *c.Value == from && c.Source != kmsg.ConfigSourceDefaultConfig {
+				return false, nil
+			}
+		}
+	}
+	alter := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	ar := kmsg.NewIncrementalAlterConfigsRequestResource()
+	ar.ResourceType = kmsg.ConfigResourceTypeGroupConfig
+	ar.ResourceName = group
+	cfg := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+	cfg.Name = shareConfigReset
+	cfg.Op = kmsg.IncrementalAlterConfigOpSet
+	cfg.Value = kmsg.StringPtr(from)
+	ar.Configs = append(ar.Configs, cfg)
+	alter.Resources = append(alter.Resources, ar)
+	aresp, err := alter.RequestWith(ctx, cl)
+	if err != nil {
+		return false, fmt.Errorf("set the share group's %s: %w", shareConfigReset, err)
+	}
+	for _, r := range aresp.Resources {
+		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
+			return false, fmt.Errorf("set the share group's %s: %w", shareConfigReset, err)
+		}
+	}
+	return true, nil
+}
+
+// shareBacklog is the share group's backlog on the source topic — the
+// records past each share-partition's start offset not yet acknowledged,
+// as the brokers count them — and the sum of the topic's end offsets.
+func (c *Client) shareBacklog(ctx context.Context) (lag, produced int64, err error) {
+	adm := kadm.NewClient(c.cl)
+	ends, err := adm.ListEndOffsets(ctx, c.o.Topic)
+	if err != nil {
+		return 0, 0, fmt.Errorf("list end offsets: %w", err)
+	}
+	starts, err := adm.ListStartOffsets(ctx, c.o.Topic)
+	if err != nil {
+		return 0, 0, fmt.Errorf("list start offsets: %w", err)
+	}
+	described, err := adm.DescribeShareGroupOffsets(ctx, c.o.Group)
+	if err != nil {
+		return 0, 0, fmt.Errorf("describe the share group's offsets: %w", err)
+	}
+	offsets := described[c.o.Group].Offsets
+	var failed error
+	ends.Each(func(end kadm.ListedOffset) {
+		if end.Err != nil {
+			failed = fmt.Errorf("end offset of %s[%d]: %w", end.Topic, end.Partition, end.Err)
+			return
+		}
+		produced += end.Offset
+		o, ok := offsets.Lookup(end.Topic, end.Partition)
+		switch {
+		case !ok || o.Err != nil || o.StartOffset < 0:
+			// The group never consumed it: all of it, when it starts at
+			// the earliest record.
+			if s, ok := starts.Lookup(end.Topic, end.Partition); ok && s.Err == nil && !c.o.StartAtEnd {
+				lag += max(end.Offset-s.Offset, 0)
+			}
+		case o.Lag >= 0:
+			lag += o.Lag
+		default:
+			lag += max(end.Offset-o.StartOffset, 0)
+		}
+	})
+	return lag, produced, failed
+}
