@@ -19,7 +19,8 @@ func devCmd() *cobra.Command {
 		Use: "dev",
 		Example: `  sidecar dev
   sidecar dev --handler grpc --messages 12 --every 20ms --exit-when-done
-  sidecar dev --app http://127.0.0.1:8080/events --batch 4`,
+  sidecar dev --app http://127.0.0.1:8080/events --batch 4
+  sidecar dev --share-group`,
 		Short: "Run the whole pipeline on an embedded Kafka with a demo producer and a demo app that fails some messages",
 		Long: `dev starts an in-process Kafka cluster, a demo app on loopback that answers
 most orders 200, fails some transiently (503, then 200) and rejects some (422),
@@ -34,7 +35,8 @@ JSON body {"id": ..., "kind": "ok|flaky|early|bad|down"}, with its id as ce-id;
 once the first order is handled it is published again, with the same ce-id,
 as a producer's resend would be. The account then shows each order's retries
 and deferrals too, read from the retry topics. --batch N hands the app up to N
-orders a request (CloudEvents batched mode).`,
+orders a request (CloudEvents batched mode). --share-group consumes the topic
+through a Kafka share group instead of a consumer group.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.Handler != "http" && o.Handler != "grpc" {
@@ -54,6 +56,7 @@ orders a request (CloudEvents batched mode).`,
 	cmd.Flags().StringVar(&o.Handler, "handler", "http", "the demo app's transport: http or grpc")
 	cmd.Flags().StringVar(&o.App, "app", "", "hand the orders to the app at this URL instead of the demo app (http://, grpc://, ...)")
 	cmd.Flags().IntVar(&o.Batch, "batch", 1, "with --app, hand the app up to this many orders a request (handler.batch.max_messages)")
+	cmd.Flags().BoolVar(&o.ShareGroup, "share-group", false, "consume through a share group (KIP-932) instead of a consumer group")
 	cmd.Flags().StringVar(&o.Admin, "admin", "127.0.0.1:0", "serve the admin API here (a free port by default), with a token made for the run; \"\" turns it off")
 	return cmd
 }

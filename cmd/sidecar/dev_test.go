@@ -21,17 +21,28 @@ func TestDevAccountsForEveryOrder(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
 		handler string
+		share   bool
 		says    []string
 	}{
-		{"http", []string{"503 busy", "attempt 2  → 200 handled", "dead-lettered after 1 attempt(s): permanent (HTTP 422: unknown product)"}},
-		{"grpc", []string{"RESOURCE_EXHAUSTED busy", "attempt 2  → OK handled", "dead-lettered after 1 attempt(s): permanent (PERMANENT: unknown product)",
+		{"http", false, []string{"503 busy", "attempt 2  → 200 handled", "dead-lettered after 1 attempt(s): permanent (HTTP 422: unknown product)"}},
+		{"grpc", false, []string{"RESOURCE_EXHAUSTED busy", "attempt 2  → OK handled", "dead-lettered after 1 attempt(s): permanent (PERMANENT: unknown product)",
 			"(gRPC INTERNAL: database error)"}},
+		{"http", true, []string{"Consumed through the share group demo", "503 busy", "attempt 2  → 200 handled",
+			"dead-lettered after 1 attempt(s): permanent (HTTP 422: unknown product)"}},
 	} {
-		t.Run(tt.handler, func(t *testing.T) {
+		name := tt.handler
+		if tt.share {
+			name += " share group"
+		}
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			bin := sidecarBinary(t)
 			var out bytes.Buffer
-			cmd := exec.Command(bin, "dev", "--handler", tt.handler, "--messages", "24", "--every", "20ms", "--exit-when-done")
+			args := []string{"dev", "--handler", tt.handler, "--messages", "24", "--every", "20ms", "--exit-when-done"}
+			if tt.share {
+				args = append(args, "--share-group")
+			}
+			cmd := exec.Command(bin, args...)
 			cmd.Stdout, cmd.Stderr = &out, &out
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)

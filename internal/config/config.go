@@ -90,11 +90,18 @@ type RabbitMQ struct {
 	Credentials `yaml:",inline"`
 }
 
-// Kafka is a topic consumed by a consumer group.
+// Kafka is a topic consumed by a consumer group, or by a share group.
 type Kafka struct {
 	Brokers []string `yaml:"brokers"`
 	Topic   string   `yaml:"topic"`
 	Group   string   `yaml:"group"`
+	// ShareGroup, instead of Group, consumes the topic through a share
+	// group (KIP-932, Kafka 4.2 and later): the brokers hand each record to
+	// one member and take it back one by one, so more sidecars than
+	// partitions share the topic and a failing record holds back no other.
+	// Records come in no order: ordering must be none. The retry topics
+	// are read by a consumer group of their own, named SHARE_GROUP.retries.
+	ShareGroup string `yaml:"share_group"`
 	// Ordering is none (parallel within a partition; the default), key or
 	// partition.
 	Ordering broker.Ordering `yaml:"ordering"`
@@ -132,6 +139,15 @@ type Kafka struct {
 	// starts: earliest (the default: every record the topic still holds)
 	// or latest (only what is produced from then on).
 	StartFrom string `yaml:"start_from"`
+}
+
+// GroupName is the group the source consumes in, a consumer group or a
+// share group: the copies' and dead letters' topics are named after it.
+func (k *Kafka) GroupName() string {
+	if k.ShareGroup != "" {
+		return k.ShareGroup
+	}
+	return k.Group
 }
 
 // Retry bounds how often and how long a message is tried.

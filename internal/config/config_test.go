@@ -317,3 +317,44 @@ retry:
 		t.Errorf("lines %d and %d, want 3 and 12", ps[1].Line, ps[4].Line)
 	}
 }
+
+// A share group is set instead of a consumer group, never with it, and
+// refuses what only a consumer group has: an order, a transaction that
+// commits an offset with its copy, a static member, a session timeout of
+// its own. Each refusal names its key and why.
+func TestKafkaShareGroup(t *testing.T) {
+	for _, tt := range []struct {
+		kafka    string
+		problems []string
+	}{
+		{`{brokers: ["127.0.0.1:9092"], topic: t, share_group: workers}`, nil},
+		{`{brokers: ["127.0.0.1:9092"], topic: t, share_group: workers, ordering: none, start_from: latest}`, nil},
+		{`{brokers: ["127.0.0.1:9092"], topic: t}`, []string{"sources[0].kafka.group: required (or share_group, for a share group)"}},
+		{`{brokers: ["127.0.0.1:9092"], topic: t, group: g, share_group: workers}`, []string{"sources[0].kafka.share_group: set group (a consumer group) or share_group (a share group), not both"}},
+		{`{brokers: ["127.0.0.1:9092"], topic: t, share_group: workers, ordering: key, transactional_transfer: true, instance_id: pod-1, session_timeout: 10s}`, []string{
+			"sources[0].kafka.ordering: a share group hands a partition's records to several members at once",
+			"sources[0].kafka.transactional_transfer: a share group's acknowledgements cannot be part of a Kafka transaction",
+			"sources[0].kafka.instance_id: a share group has no static members",
+			"sources[0].kafka.session_timeout: a share group's session timeout is the brokers'",
+		}},
+		{`{brokers: ["127.0.0.1:9092"], topic: ` + strings.Repeat("t", 200) + `, share_group: ` + strings.Repeat("s", 40) + `}`, []string{
+			"sources[0].kafka.share_group: the dead-letter ledger's topic " + strings.Repeat("t", 200) + "." + strings.Repeat("s", 40) + ".dlq.ledger would be 252 characters",
+		}},
+	} {
+		y := "handler: {url: \"http://127.0.0.1:8080/events\"}\nsources:\n  - {name: a, kafka: " + tt.kafka + "}\n"
+		c, err := Parse([]byte(y))
+		if len(tt.problems) == 0 {
+			if err != nil {
+				t.Errorf("%s: %v", tt.kafka, err)
+			} else if k := c.Sources[0].Kafka; k.GroupName() != "workers" || k.InstanceID != "" {
+				t.Errorf("%s: group %q, instance id %q; want the share group and no static id", tt.kafka, k.GroupName(), k.InstanceID)
+			}
+			continue
+		}
+		for _, p := range tt.problems {
+			if err == nil || !strings.Contains(err.Error(), p) {
+				t.Errorf("%s: %v, want %q", tt.kafka, err, p)
+			}
+		}
+	}
+}

@@ -101,7 +101,8 @@ func (c *Config) setInstanceID(v string) {
 		}
 	}
 	for _, s := range c.Sources {
-		if k := s.Kafka; k != nil && k.InstanceID == "" {
+		// A share group has no static members.
+		if k := s.Kafka; k != nil && k.InstanceID == "" && k.ShareGroup == "" {
 			k.InstanceID = v
 			if groups[k.Group] > 1 {
 				k.InstanceID = v + "-" + idSafe(s.Name)

@@ -16,6 +16,7 @@ sources:
   - {name: other, kafka: {brokers: ["127.0.0.1:9092"], topic: x, group: h}}
   - {name: fixed, kafka: {brokers: ["127.0.0.1:9092"], topic: y, group: i, instance_id: chosen}}
   - {name: queue, rabbitmq: {url: "amqp://localhost/", queue: q}}
+  - {name: shared, kafka: {brokers: ["127.0.0.1:9092"], topic: z, share_group: w}}
 journal: {path: ./file.db}
 `
 
@@ -34,7 +35,8 @@ func loadEnv(t *testing.T, yaml string, env map[string]string) (Config, error) {
 
 // The variables a pod's platform sets replace the file's values; an
 // instance id is shared by the sources of different groups and made unique,
-// with the source's name, within one; a source's own id stays.
+// with the source's name, within one; a source's own id stays, and a share
+// group's source gets none.
 func TestEnvOverrides(t *testing.T) {
 	cfg, err := loadEnv(t, envYAML, map[string]string{
 		"HANDOFF_JOURNAL_PATH":     "/var/lib/handoff/journal.db",
@@ -55,6 +57,9 @@ func TestEnvOverrides(t *testing.T) {
 		if got := cfg.Sources[i].Kafka.InstanceID; got != w {
 			t.Errorf("sources[%d] instance id %q, want %q", i, got, w)
 		}
+	}
+	if got := cfg.Sources[5].Kafka.InstanceID; got != "" {
+		t.Errorf("the share group's source was given the instance id %q; a share group has no static members", got)
 	}
 
 	// A token from the environment (a Secret's key) takes the file's place.

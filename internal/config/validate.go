@@ -204,14 +204,23 @@ func (k *Kafka) validate(path string, ps *Problems) {
 	if k.Topic == "" {
 		ps.add(path+".topic", "required")
 	}
-	if k.Group == "" {
-		ps.add(path+".group", "required")
+	groupKey := ".group"
+	switch {
+	case k.Group == "" && k.ShareGroup == "":
+		ps.add(path+".group", "required (or share_group, for a share group)")
+	case k.Group != "" && k.ShareGroup != "":
+		ps.add(path+".share_group", "set group (a consumer group) or share_group (a share group), not both")
+	case k.ShareGroup != "":
+		groupKey = ".share_group"
+		k.validateShare(path, ps)
 	}
 	// The longest name derived from them is the dead-letter ledger's,
 	// T.G.dlq.ledger; Kafka refuses a topic name over 249 characters.
-	if n := len(k.Topic) + 1 + len(k.Group) + len(".dlq.ledger"); k.Topic != "" && k.Group != "" && n > maxKafkaTopicName {
-		ps.add(path+".group", "the dead-letter ledger's topic %s.%s.dlq.ledger would be %d characters; Kafka allows %d: shorten the topic or the group",
-			k.Topic, k.Group, n, maxKafkaTopicName)
+	if g := k.GroupName(); k.Topic != "" && g != "" {
+		if n := len(k.Topic) + 1 + len(g) + len(".dlq.ledger"); n > maxKafkaTopicName {
+			ps.add(path+groupKey, "the dead-letter ledger's topic %s.%s.dlq.ledger would be %d characters; Kafka allows %d: shorten the topic or the group",
+				k.Topic, g, n, maxKafkaTopicName)
+		}
 	}
 	if k.Ordering != "" && !k.Ordering.Valid() {
 		ps.add(path+".ordering", "want none, key or partition, got %q", k.Ordering)
@@ -242,6 +251,22 @@ func (k *Kafka) validate(path string, ps *Problems) {
 	}
 	if k.SASL != nil {
 		k.SASL.validate(path+".sasl", ps)
+	}
+}
+
+// validateShare checks what a share group cannot do.
+func (k *Kafka) validateShare(path string, ps *Problems) {
+	if k.Ordering != "" && k.Ordering != broker.OrderNone {
+		ps.add(path+".ordering", "a share group hands a partition's records to several members at once, in no order: want none with share_group (key or partition ordering needs group), got %q", k.Ordering)
+	}
+	if k.TransactionalTransfer {
+		ps.add(path+".transactional_transfer", "a share group's acknowledgements cannot be part of a Kafka transaction: turn it off with share_group (the journal keeps the copy and its record's settle apart across a crash)")
+	}
+	if k.InstanceID != "" {
+		ps.add(path+".instance_id", "a share group has no static members: a stopped member's records go back to the group when their lock expires; remove it with share_group")
+	}
+	if k.SessionTimeout != 0 {
+		ps.add(path+".session_timeout", "a share group's session timeout is the brokers' (group.share.session.timeout.ms): remove it with share_group")
 	}
 }
 

@@ -53,6 +53,9 @@ type Options struct {
 	// Command is how the account names the sidecar binary in the commands
 	// it suggests.
 	Command string
+	// ShareGroup consumes the topic through a share group named Group
+	// instead of a consumer group of that name.
+	ShareGroup bool
 }
 
 // Run runs the demo until ctx ends (or, with UntilEnd, every order is
@@ -108,6 +111,9 @@ func Run(ctx context.Context, out io.Writer, o Options) error {
 	} else {
 		fmt.Fprintf(out, "Handoff dev: embedded Kafka at %s, topic %s, your app at %s\n", brokers[0], Topic, shown)
 	}
+	if o.ShareGroup {
+		fmt.Fprintf(out, "Consumed through the share group %s: each order acquired and acknowledged alone, its delivery count kept by Kafka.\n", Group)
+	}
 	fmt.Fprintf(out, "Retry tiers 1s and 3s, max 4 attempts; dead letters go to %s. Ctrl-C to stop.\n\n", kafka.DeadLetterTopic(Topic, Group))
 	fmt.Fprintf(out, "Metrics at http://%s/metrics (health: /readyz).\n", s.HealthAddr())
 	if a := s.AdminAddr(); a != "" {
@@ -160,9 +166,11 @@ func demoConfig(o Options, appURL string, brokers []string, dir string) (config.
 		cfg.Handler.Batch = config.Batch{MaxMessages: o.Batch, MaxWait: config.Duration(100 * time.Millisecond)}
 	}
 	declare := true
-	cfg.Sources = []config.Source{{Name: "demo", Kafka: &config.Kafka{
-		Brokers: brokers, Topic: Topic, Group: Group, Ordering: broker.OrderNone, Declare: &declare, MaxInFlight: 32,
-	}}}
+	k := &config.Kafka{Brokers: brokers, Topic: Topic, Group: Group, Ordering: broker.OrderNone, Declare: &declare, MaxInFlight: 32}
+	if o.ShareGroup {
+		k.Group, k.ShareGroup = "", Group // the same name: the same copies' topics
+	}
+	cfg.Sources = []config.Source{{Name: "demo", Kafka: k}}
 	cfg.Retry.MaxAttempts = 4
 	cfg.Retry.Tiers = []config.Duration{config.Duration(time.Second), config.Duration(3 * time.Second)}
 	cfg.Journal.Path = filepath.Join(dir, "handoff.db")

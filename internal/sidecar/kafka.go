@@ -34,7 +34,11 @@ var (
 // source's group membership and transactions are built on, and the journal
 // keeps its partitions' handed-out marks.
 func kafkaSource(name string, k *config.Kafka, n sourceNeeds) (source, error) {
-	member := groupInstanceID(name, k, n.journal.InstanceID())
+	share := k.ShareGroup != ""
+	member := ""
+	if !share { // a share group has no static members
+		member = groupInstanceID(name, k, n.journal.InstanceID())
+	}
 	security, err := kafkaSecurity(name, k, n.log)
 	if err != nil {
 		return source{}, err
@@ -43,7 +47,8 @@ func kafkaSource(name string, k *config.Kafka, n sourceNeeds) (source, error) {
 		Name:    name,
 		Brokers: k.Brokers,
 		Topic:   k.Topic,
-		Group:   k.Group,
+		Group:   k.GroupName(),
+		Share:   share,
 		Tiers:   n.tiers,
 		Declare: k.Declare == nil || *k.Declare,
 		// Applies when the sidecar creates the dead-letter topic.
@@ -62,10 +67,22 @@ func kafkaSource(name string, k *config.Kafka, n sourceNeeds) (source, error) {
 	if k.TransactionalTransfer {
 		o.TransactionalID = transactionalID(name, k.Group, member)
 	}
-	n.log.Info("kafka group member", "source", name, "group", k.Group, "instance_id", member, "transactional_id", o.TransactionalID)
+	if share {
+		n.log.Info("kafka share group member", "source", name, "share_group", k.ShareGroup, "retry_group", kafka.ShareRetryGroup(k.ShareGroup))
+	} else {
+		n.log.Info("kafka group member", "source", name, "group", k.Group, "instance_id", member, "transactional_id", o.TransactionalID)
+	}
 	c, err := kafka.New(o)
 	if err != nil {
 		return source{}, err
+	}
+	// One poll loop brings records and retries, and pauses its retry
+	// topics while the budget is spent; a share group's records come
+	// through a loop of their own, and its copies wait for their tokens
+	// as they are taken.
+	sources := []dispatch.Source{c}
+	if share {
+		sources = []dispatch.Source{c.ShareSource(), c}
 	}
 	ledger, err := c.LedgerLog()
 	if err != nil {
@@ -109,7 +126,7 @@ func kafkaSource(name string, k *config.Kafka, n sourceNeeds) (source, error) {
 	}
 	if !k.Ordering.InPlace() { // ordered modes have no retry topics
 		for _, t := range n.tiers {
-			status.Tiers = append(status.Tiers, admin.Tier{Name: kafka.RetryTopic(k.Topic, k.Group, t), Delay: t})
+			status.Tiers = append(status.Tiers, admin.Tier{Name: kafka.RetryTopic(k.Topic, k.GroupName(), t), Delay: t})
 		}
 	}
 	return source{
@@ -118,15 +135,13 @@ func kafkaSource(name string, k *config.Kafka, n sourceNeeds) (source, error) {
 			Name:        name,
 			System:      "kafka",
 			Destination: k.Topic,
-			Sources:     []dispatch.Source{c},
+			Sources:     sources,
 			Transfer:    c,
 			CESource:    "/kafka/" + k.Topic,
 			// Ordered modes retry where the record is: a copy in a retry
 			// topic would let the records behind it overtake it.
-			InPlace: k.Ordering.InPlace(),
-			// One poll loop brings records and retries: the client pauses
-			// its retry topics while the budget is spent.
-			RetriesShareIntake: true,
+			InPlace:            k.Ordering.InPlace(),
+			RetriesShareIntake: !share,
 		},
 		status: status,
 		backlog: func(ctx context.Context) (int64, int64, bool, error) {
