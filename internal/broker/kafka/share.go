@@ -163,7 +163,7 @@ func (s *ShareSource) acked(_ *kgo.Client, rs kgo.ShareAckResults) {
 // released: the client accepts, at its next poll, every record of the
 // previous one still unacknowledged, which would settle records whose next
 // owner does not have them yet. While they are worked on, records held
-// for more than half the lock duration are renewed.
+// for more than a third of the lock duration are renewed.
 func (s *ShareSource) Consume(ctx context.Context, deliver func(broker.Delivery)) error {
 	renewed := make(chan struct{})
 	renewCtx, stopRenew := context.WithCancel(ctx)
@@ -249,13 +249,15 @@ func (s *ShareSource) finish(d *shareDelivery, status kgo.AckStatus) error {
 	return nil
 }
 
-// renewer renews the lock of each record held for more than half the lock
-// duration, every quarter of it, until ctx is done: a call that outlives
-// the lock does not see its record handed to another member meanwhile.
+// renewer renews the lock of each record held for more than a third of the
+// lock duration, looking every sixth of it, until ctx is done, and sends
+// the renewals at once (the client would otherwise send them within a
+// second): a call that outlives the lock does not see its record handed
+// to another member meanwhile.
 func (s *ShareSource) renewer(ctx context.Context) {
 	for {
 		_, lock := s.Limits()
-		t := time.NewTimer(max(lock/4, 100*time.Millisecond))
+		t := time.NewTimer(max(lock/6, 50*time.Millisecond))
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -263,16 +265,25 @@ func (s *ShareSource) renewer(ctx context.Context) {
 		case <-t.C:
 		}
 		now := s.c.now().UnixNano()
-		due := now - int64(lock/2)
+		due := now - int64(lock/3)
+		renewed := false
 		s.mu.Lock()
 		for d := range s.out {
 			if d.held.Load() <= due {
 				d.r.Ack(kgo.AckRenew)
 				d.held.Store(now)
 				d.renewals.Add(1)
+				renewed = true
 			}
 		}
 		s.mu.Unlock()
+		if renewed {
+			fctx, cancel := context.WithTimeout(ctx, lock/3)
+			if err := s.cl.FlushAcks(fctx); err != nil && ctx.Err() == nil {
+				s.c.log.Warn("kafka share group: renewing the locks of records held past a third of the lock duration failed; another member may get them", "err", err)
+			}
+			cancel()
+		}
 	}
 }
 
