@@ -209,27 +209,42 @@ func contractBrokers() []contractBroker {
 			}
 	}}}
 	for _, b := range kafkaBackends() {
-		out = append(out, contractBroker{"kafka-" + b.name, func(t *testing.T, appURL string) (config.Config, func(...string), func() map[string][2]string) {
-			brokers, topic := b.topic(t, "contract", 3)
-			cfg := kafkaConfig(appURL, brokers, topic, tiers...)
-			dlq := kafka.DeadLetterTopic(topic, kafkaGroup(topic))
-			return cfg, func(ids ...string) {
-					var recs []*kgo.Record
-					for _, id := range ids {
-						recs = append(recs, &kgo.Record{Topic: topic, Key: []byte("key-" + id), Value: []byte("body-" + id),
-							Headers: []kgo.RecordHeader{{Key: "ce_id", Value: []byte(id)}}})
-					}
-					produceKafka(t, brokers, recs...)
-				}, func() map[string][2]string {
-					out := map[string][2]string{}
-					for _, r := range readTopic(t, brokers, dlq) {
-						out[header(r, broker.HeaderEventID)] = [2]string{header(r, broker.HeaderDeadReason), string(r.Value)}
-					}
-					return out
-				}
-		}})
+		for _, share := range []bool{false, true} {
+			name := "kafka-" + b.name
+			if share {
+				name += "-share"
+			}
+			out = append(out, contractBroker{name, kafkaContract(b, share, tiers)})
+		}
 	}
 	return out
+}
+
+// kafkaContract opens a topic of b's for the table, consumed through a
+// consumer group or, with share, a share group of the same name.
+func kafkaContract(b kafkaBackend, share bool, tiers []time.Duration) func(t *testing.T, appURL string) (config.Config, func(...string), func() map[string][2]string) {
+	return func(t *testing.T, appURL string) (config.Config, func(...string), func() map[string][2]string) {
+		brokers, topic := b.topic(t, "contract", 3)
+		cfg := kafkaConfig(appURL, brokers, topic, tiers...)
+		if k := cfg.Sources[0].Kafka; share {
+			k.Group, k.ShareGroup = "", kafkaGroup(topic)
+		}
+		dlq := kafka.DeadLetterTopic(topic, kafkaGroup(topic))
+		return cfg, func(ids ...string) {
+				var recs []*kgo.Record
+				for _, id := range ids {
+					recs = append(recs, &kgo.Record{Topic: topic, Key: []byte("key-" + id), Value: []byte("body-" + id),
+						Headers: []kgo.RecordHeader{{Key: "ce_id", Value: []byte(id)}}})
+				}
+				produceKafka(t, brokers, recs...)
+			}, func() map[string][2]string {
+				out := map[string][2]string{}
+				for _, r := range readTopic(t, brokers, dlq) {
+					out[header(r, broker.HeaderEventID)] = [2]string{header(r, broker.HeaderDeadReason), string(r.Value)}
+				}
+				return out
+			}
+	}
 }
 
 func TestOutcomeContractBothTransports(t *testing.T) {
