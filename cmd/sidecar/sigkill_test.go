@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"handoff.dev/handoff/internal/broker"
@@ -91,23 +93,30 @@ func TestSIGKILLMixedWorkloadRabbitMQ(t *testing.T) {
 
 func TestSIGKILLMixedWorkloadKafka(t *testing.T) {
 	t.Parallel()
-	for _, transactional := range []bool{false, true} {
-		t.Run(fmt.Sprintf("transactional=%v", transactional), func(t *testing.T) {
+	for _, mode := range []string{"plain", "transactional", "share group"} {
+		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
-			testSIGKILLKafka(t, transactional)
+			testSIGKILLKafka(t, mode)
 		})
 	}
 }
 
-func testSIGKILLKafka(t *testing.T, transactional bool) {
+func testSIGKILLKafka(t *testing.T, mode string) {
 	brokers, topic := realKafkaTopic(t, "kill", 3)
+	// Static membership by default, on the journal's id: each restart
+	// takes the partitions back at once (and, transactional, aborts the
+	// transaction the kill left open). A share group's member has none:
+	// the records a killed member held go back to the group as its
+	// connection closes, and each restart takes what is next.
+	source := fmt.Sprintf("kafka: {brokers: [%q], topic: %q, group: %q, session_timeout: 6s, transactional_transfer: %v}",
+		strings.Join(brokers, ","), topic, kafkaGroup(topic), mode == "transactional")
+	if mode == "share group" {
+		source = fmt.Sprintf("kafka: {brokers: [%q], topic: %q, share_group: %q}", strings.Join(brokers, ","), topic, kafkaGroup(topic))
+	}
 	runSIGKILLWorkload(t, killTarget{
-		// Static membership by default, on the journal's id: each restart
-		// takes the partitions back at once (and, transactional, aborts the
-		// transaction the kill left open).
-		source: fmt.Sprintf("kafka: {brokers: [%q], topic: %q, group: %q, session_timeout: 6s, transactional_transfer: %v}",
-			strings.Join(brokers, ","), topic, kafkaGroup(topic), transactional),
-		// max_in_flight's default: four times max_concurrency (8).
+		source: source,
+		// max_in_flight's default: four times max_concurrency (8), or
+		// twice with ordering none (a share group's: one poll).
 		inFlight: 32,
 		publish: func(ids []string) {
 			var recs []*kgo.Record
@@ -130,7 +139,43 @@ func testSIGKILLKafka(t *testing.T, transactional bool) {
 			return out
 		},
 	})
+	if mode == "share group" {
+		checkShareGroupDone(t, brokers, topic, kafkaGroup(topic))
+		return
+	}
 	checkCommittedAtLogEnd(t, brokers, topic)
+}
+
+// checkShareGroupDone checks that the share group has nothing of topic
+// left: every record acknowledged, none left for the brokers to deliver or
+// archive.
+func checkShareGroupDone(t *testing.T, brokers []string, topic, group string) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var left []string
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		left = left[:0]
+		described, err := kadm.NewClient(cl).DescribeShareGroupOffsets(context.Background(), group)
+		if err != nil {
+			t.Fatal(err)
+		}
+		described[group].Offsets.Each(func(o kadm.ShareOffset) {
+			if o.Topic == topic && (o.Err != nil || o.Lag != 0) {
+				left = append(left, fmt.Sprintf("%s[%d]: lag %d (%v)", o.Topic, o.Partition, o.Lag, o.Err))
+			}
+		})
+		if len(left) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, l := range left {
+		t.Errorf("share group %s has records left: %s", group, l)
+	}
 }
 
 func runSIGKILLWorkload(t *testing.T, target killTarget) {

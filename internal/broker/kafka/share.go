@@ -74,6 +74,11 @@ type ShareSource struct {
 	// lost is closed when the client closes: a record not acknowledged by
 	// then goes back to the group.
 	lost chan struct{}
+	// ready is closed once declare has set where the group starts:
+	// records are not taken before, or the group's first member would
+	// start it at the brokers' default.
+	ready     chan struct{}
+	readyOnce sync.Once
 
 	mu sync.Mutex
 	// out holds this poll's records not yet acknowledged or released; the
@@ -88,7 +93,7 @@ type ShareSource struct {
 func (c *Client) ShareSource() *ShareSource { return c.share }
 
 func newShareSource(c *Client, extra []kgo.Opt) (*ShareSource, error) {
-	s := &ShareSource{c: c, lost: make(chan struct{}), out: map[*shareDelivery]struct{}{}}
+	s := &ShareSource{c: c, lost: make(chan struct{}), ready: make(chan struct{}), out: map[*shareDelivery]struct{}{}}
 	s.limit.Store(defaultShareLimit)
 	s.lock.Store(int64(defaultShareLock))
 	opts := []kgo.Opt{
@@ -117,7 +122,9 @@ func newShareSource(c *Client, extra []kgo.Opt) (*ShareSource, error) {
 
 // declare makes the group start where the source asks (with
 // Options.Declare) and reads its limits, which it logs with what they
-// imply.
+// imply; then Consume may start. Neither stops the source when the brokers
+// refuse it (an ACL on the group's configs): it says what that means and
+// goes on with what it has.
 func (s *ShareSource) declare(ctx context.Context) error {
 	from := "earliest"
 	if s.c.o.StartAtEnd {
@@ -125,21 +132,28 @@ func (s *ShareSource) declare(ctx context.Context) error {
 	}
 	if s.c.o.Declare {
 		changed, err := setShareStart(ctx, s.cl, s.c.o.Group, from)
-		if err != nil {
+		switch {
+		case err != nil && ctx.Err() != nil:
 			return err
-		}
-		if changed {
+		case err != nil:
+			s.c.log.Warn("kafka share group: could not set where it starts; a group that has consumed nothing starts where its config says (Kafka's default: the latest record, skipping what the topic holds)",
+				"config", shareConfigReset, "want", from, "err", err)
+		case changed:
 			s.c.log.Info("kafka share group: set to start at the "+from+" record when it has consumed nothing", "config", shareConfigReset)
 		}
 	}
 	l, err := readShareLimits(ctx, s.cl, s.c.o.Group)
 	if err != nil {
-		return err
+		if ctx.Err() != nil {
+			return err
+		}
+		s.c.log.Warn("kafka share group: could not read its delivery limit and lock duration; assuming Kafka's defaults", "err", err)
 	}
 	s.limit.Store(int32(l.Limit))
 	s.lock.Store(int64(l.Lock))
 	s.c.log.Info("kafka share group: a record delivered this many times and not acknowledged is archived by the brokers; the sidecar moves it out on its last delivery instead, uncalled. A call longer than the lock is renewed while it runs",
 		"delivery_count_limit", l.Limit, "lock_duration", l.Lock, "read_from", l.From)
+	s.readyOnce.Do(func() { close(s.ready) })
 	return nil
 }
 
@@ -158,13 +172,18 @@ func (s *ShareSource) acked(_ *kgo.Client, rs kgo.ShareAckResults) {
 }
 
 // Consume polls the share group until ctx is done and calls deliver for
-// each record, from this goroutine. A poll takes at most MaxInFlight
+// each record, from this goroutine, once Client.Declare has succeeded. A poll takes at most MaxInFlight
 // records, and the next poll waits until each of them is acknowledged or
 // released: the client accepts, at its next poll, every record of the
 // previous one still unacknowledged, which would settle records whose next
 // owner does not have them yet. While they are worked on, records held
 // for more than a third of the lock duration are renewed.
 func (s *ShareSource) Consume(ctx context.Context, deliver func(broker.Delivery)) error {
+	select {
+	case <-s.ready: // Client.Declare
+	case <-ctx.Done():
+		return nil
+	}
 	renewed := make(chan struct{})
 	renewCtx, stopRenew := context.WithCancel(ctx)
 	go func() { defer close(renewed); s.renewer(renewCtx) }()
