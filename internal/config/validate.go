@@ -263,7 +263,7 @@ func (k *Kafka) validateShare(path string, ps *Problems) {
 		ps.add(path+".transactional_transfer", "a share group's acknowledgements cannot be part of a Kafka transaction: turn it off with share_group (the journal keeps the copy and its record's settle apart across a crash)")
 	}
 	if k.InstanceID != "" {
-		ps.add(path+".instance_id", "a share group has no static members: a stopped member's records go back to the group when their lock expires; remove it with share_group")
+		ps.add(path+".instance_id", "a share group has no static members (a stopped member's records go back to the group at once), and the consumer group that reads its retry topics takes an id made from the journal: remove it with share_group")
 	}
 	if k.SessionTimeout != 0 {
 		ps.add(path+".session_timeout", "a share group's session timeout is the brokers' (group.share.session.timeout.ms): remove it with share_group")

@@ -35,10 +35,10 @@ var (
 // keeps its partitions' handed-out marks.
 func kafkaSource(name string, k *config.Kafka, n sourceNeeds) (source, error) {
 	share := k.ShareGroup != ""
-	member := ""
-	if !share { // a share group has no static members
-		member = groupInstanceID(name, k, n.journal.InstanceID())
-	}
+	// A share group has no static members; the consumer group that reads
+	// its retry topics does, so that a restart takes their partitions back
+	// at once rather than after a killed member's session times out.
+	member := groupInstanceID(name, k, n.journal.InstanceID())
 	security, err := kafkaSecurity(name, k, n.log)
 	if err != nil {
 		return source{}, err
@@ -68,7 +68,7 @@ func kafkaSource(name string, k *config.Kafka, n sourceNeeds) (source, error) {
 		o.TransactionalID = transactionalID(name, k.Group, member)
 	}
 	if share {
-		n.log.Info("kafka share group member", "source", name, "share_group", k.ShareGroup, "retry_group", kafka.ShareRetryGroup(k.ShareGroup))
+		n.log.Info("kafka share group member", "source", name, "share_group", k.ShareGroup, "retry_group", kafka.ShareRetryGroup(k.ShareGroup), "retry_instance_id", member)
 	} else {
 		n.log.Info("kafka group member", "source", name, "group", k.Group, "instance_id", member, "transactional_id", o.TransactionalID)
 	}

@@ -83,8 +83,8 @@ type Options struct {
 	// Share makes Group a share group (KIP-932, share.go): Topic is
 	// consumed through it by ShareSource, one record acknowledged at a
 	// time, and the retry topics by the client's own poll loop in the
-	// consumer group ShareRetryGroup(Group). Ordering must be none, and
-	// neither TransactionalID nor InstanceID applies.
+	// consumer group ShareRetryGroup(Group), where InstanceID is the
+	// member's static id. Ordering must be none, without TransactionalID.
 	Share bool
 	// Extra are further client options (TLS, SASL, tests' timeouts).
 	Extra  []kgo.Opt
@@ -257,8 +257,8 @@ func New(o Options) (*Client, error) {
 		closed:      make(chan struct{}),
 		balancer:    &perTopicBalancer{},
 	}
-	if o.Share && (o.TransactionalID != "" || o.InstanceID != "" || (o.Ordering != "" && o.Ordering != broker.OrderNone)) {
-		return nil, errors.New("kafka share group: ordering must be none, without a transactional or instance id")
+	if o.Share && (o.TransactionalID != "" || (o.Ordering != "" && o.Ordering != broker.OrderNone)) {
+		return nil, errors.New("kafka share group: ordering must be none, without a transactional id")
 	}
 	c.group = o.Group
 	topics := []string{o.Topic}

@@ -1,0 +1,168 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/broker/kafka"
+	"handoff.dev/handoff/internal/budget"
+)
+
+// TestCrashLoopUnderShareGroupDeliveryLimit is the crash loop on a share
+// group whose brokers archive a record after three deliveries: one record
+// of 30 makes its sidecar die (SIGKILL during the call) on every call, and
+// the sidecar is started again on its journal each time. Every kill hands
+// back whatever the member held, and each handing back counts towards the
+// limit; the brokers would archive the killing record, unseen by anyone,
+// on its third. It ends in the DLQ as delivery-limit instead, with its
+// evidence, and every healthy record is handled, none dead-lettered.
+func TestCrashLoopUnderShareGroupDeliveryLimit(t *testing.T) {
+	t.Parallel()
+	bin := sidecarBinary(t)
+	const topic = "loop"
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topic), kfake.BrokerConfigs(map[string]string{
+		"group.share.delivery.count.limit":    "3",
+		"group.share.record.lock.duration.ms": "2000",
+		"group.share.session.timeout.ms":      "2000",
+		"share.record.lock.sweep.interval.ms": "50",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	brokers := cluster.ListenAddrs()
+
+	var cur atomic.Pointer[exec.Cmd]
+	var mu sync.Mutex
+	succeeded := map[string]int{}
+	killerCalls := 0
+	a := newApp(t, func(w http.ResponseWriter, c call, _ []call) {
+		id := c.Header.Get("Ce-Id")
+		if id == "killer" {
+			mu.Lock()
+			killerCalls++
+			mu.Unlock()
+			if cmd := cur.Load(); cmd != nil {
+				_ = cmd.Process.Signal(syscall.SIGKILL)
+			}
+			return
+		}
+		time.Sleep(5 * time.Millisecond) // in flight together
+		mu.Lock()
+		succeeded[id]++
+		mu.Unlock()
+		w.WriteHeader(http.StatusOK)
+	})
+	cfgPath := writeFile(t, fmt.Sprintf(`handler: {url: %q, max_concurrency: 8}
+sources:
+  - name: loop
+    kafka: {brokers: [%q], topic: %q, share_group: workers}
+retry: {max_attempts: 10, tiers: [%s], base: 50ms, cap: 200ms}
+telemetry: {metrics_listen: ""}
+journal: {path: %q}
+`, a.url(), strings.Join(brokers, ","), topic, killTier, filepath.Join(t.TempDir(), "handoff.db")))
+
+	var ids []string
+	var recs []*kgo.Record
+	for i := range 30 {
+		id := fmt.Sprintf("ok-%d", i)
+		if i == 10 {
+			id = "killer"
+		}
+		ids = append(ids, id)
+		recs = append(recs, &kgo.Record{Topic: topic, Value: []byte(id), Headers: []kgo.RecordHeader{{Key: "ce_id", Value: []byte(id)}}})
+	}
+	produceKafka(t, brokers, recs...)
+
+	dlq := kafka.DeadLetterTopic(topic, "workers")
+	done := func() bool {
+		mu.Lock()
+		handled := len(succeeded)
+		mu.Unlock()
+		return handled >= len(ids)-1 && len(readTopic(t, brokers, dlq)) > 0
+	}
+	var logs bytes.Buffer
+	const maxStarts = 20
+	starts := 0
+	for !done() {
+		if starts == maxStarts {
+			path := filepath.Join(os.TempDir(), "handoff-"+strings.ReplaceAll(t.Name(), "/", "-")+".log")
+			_ = os.WriteFile(path, logs.Bytes(), 0o644)
+			t.Fatalf("not settled after %d starts (%d killer calls); log in %s", starts, killerCalls, path)
+		}
+		starts++
+		cmd := exec.Command(bin, "run", "--config", cfgPath)
+		cmd.Stderr = &logs
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cur.Store(cmd)
+		exited := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(exited) }()
+		// Until the app kills it, or nothing is left to do. A record the
+		// brokers archived leaves it waiting for nothing: that is the
+		// failure.
+		idleUntil := time.Now().Add(30 * time.Second)
+		for stop := false; !stop; {
+			select {
+			case <-exited:
+				stop = true
+			case <-time.After(100 * time.Millisecond):
+				if done() || time.Now().After(idleUntil) {
+					_ = cmd.Process.Signal(syscall.SIGTERM)
+					<-exited
+					stop = true
+				}
+			}
+		}
+		if !done() && time.Now().After(idleUntil) {
+			break // reported below
+		}
+		cur.Store(nil)
+	}
+
+	var dead []string
+	for _, r := range readTopic(t, brokers, dlq) {
+		id, reason := header(r, broker.HeaderEventID), header(r, broker.HeaderDeadReason)
+		dead = append(dead, id+"/"+reason)
+		if id != "killer" {
+			t.Errorf("healthy record %s dead-lettered (%s)", id, reason)
+		}
+		if id == "killer" && reason != string(budget.ReasonDeliveryLimit) {
+			t.Errorf("the killing record dead-lettered as %q, want %q", reason, budget.ReasonDeliveryLimit)
+		}
+		if id == "killer" && !strings.Contains(header(r, broker.HeaderError), "the sidecar stopped during") {
+			t.Errorf("the killing record's dead letter says %q, want the stops as its evidence", header(r, broker.HeaderError))
+		}
+	}
+	if len(dead) != 1 {
+		t.Errorf("dead letters %v, want the killing record once", dead)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range ids {
+		if id != "killer" && succeeded[id] == 0 {
+			t.Errorf("lost: %s was never handled", id)
+		}
+	}
+	t.Logf("%d starts, %d calls of the killing record, dead letters %v", starts, killerCalls, dead)
+	if t.Failed() {
+		path := filepath.Join(os.TempDir(), "handoff-"+strings.ReplaceAll(t.Name(), "/", "-")+".log")
+		_ = os.WriteFile(path, logs.Bytes(), 0o644)
+		t.Logf("log in %s", path)
+	}
+}
