@@ -162,3 +162,29 @@ func TestShareMembersShareOnePartition(t *testing.T) {
 		}
 	}
 }
+
+// A share group's backlog is what its brokers count as not yet
+// acknowledged: all of the topic before the group consumed, less each
+// record accepted; what was produced is the topic's end.
+func TestShareBacklog(t *testing.T) {
+	brokers := shareCluster(t, 2*time.Second, 5, "backlog")
+	var recs []*kgo.Record
+	for i := range 10 {
+		recs = append(recs, &kgo.Record{Topic: "backlog", Value: []byte(strconv.Itoa(i))})
+	}
+	produce(t, brokers, recs...)
+	c, ch, _ := shareMember(t, brokers, "backlog", "g", 4)
+	lag, produced, err := c.Backlog(context.Background())
+	if err != nil || produced != 10 || lag != 10 {
+		t.Fatalf("backlog before any ack: lag %d, produced %d, %v; want 10 and 10", lag, produced, err)
+	}
+	for range 4 {
+		if err := next(t, ch, 30*time.Second).Ack(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testkit.Eventually(t, 30*time.Second, "the backlog down by the four accepted", func() bool {
+		lag, _, err := c.Backlog(context.Background())
+		return err == nil && lag == 6
+	})
+}
