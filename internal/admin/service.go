@@ -44,6 +44,18 @@ type Source struct {
 	// Backlog is the source's backlog estimate, and false until there is
 	// one; nil when none is kept.
 	Backlog func() (telemetry.Estimate, bool)
+	// Share reads the Kafka share group the source consumes through; nil
+	// for a consumer group or a queue.
+	Share func() ShareGroup
+}
+
+// ShareGroup is a Kafka share group's limits as the sidecar read them.
+type ShareGroup struct {
+	Name, RetryGroup string
+	Limit            int
+	Lock             time.Duration
+	// ReadFrom is group, brokers or defaults.
+	ReadFrom string
 }
 
 // Tier is one retry tier of a source.

@@ -148,6 +148,11 @@ func sourceStatus(now time.Time, e dispatch.Status, rs dispatch.RouteStatus, sr 
 	if !rs.Oldest.IsZero() {
 		out.OldestUnsettledAge = durationpb.New(max(now.Sub(rs.Oldest), 0))
 	}
+	if src.Share != nil {
+		g := src.Share()
+		out.ShareGroup = &adminv1.ShareGroup{Name: g.Name, RetryGroup: g.RetryGroup, DeliveryCountLimit: int32(g.Limit),
+			LockDuration: durationpb.New(g.Lock), ReadFrom: g.ReadFrom}
+	}
 	paused := func(reason string) {
 		out.State, out.Reason = "paused", reason
 	}

@@ -146,3 +146,22 @@ func TestStatusOfBacklog(t *testing.T) {
 		t.Fatal("a backlog shown before there is an estimate")
 	}
 }
+
+// A source consuming through a Kafka share group says the group's limit
+// and lock, where they were read, and its retry readers' group.
+func TestStatusOfShareGroup(t *testing.T) {
+	src := Source{Name: "orders", Broker: "kafka", From: "orders", Share: func() ShareGroup {
+		return ShareGroup{Name: "workers", RetryGroup: "workers.retries", Limit: 5, Lock: 30 * time.Second, ReadFrom: "brokers"}
+	}}
+	st := statusOf(reading{now: time.Now(), engine: dispatch.Status{Routes: []dispatch.RouteStatus{{Name: "orders"}}},
+		sources: []sourceReading{{src: src}}})
+	g := st.GetSources()[0].GetShareGroup()
+	if g.GetName() != "workers" || g.GetRetryGroup() != "workers.retries" || g.GetDeliveryCountLimit() != 5 ||
+		g.GetLockDuration().AsDuration() != 30*time.Second || g.GetReadFrom() != "brokers" {
+		t.Fatalf("share group %v", g)
+	}
+	plain := statusOf(reading{now: time.Now(), sources: []sourceReading{{src: Source{Name: "q", Broker: "rabbitmq"}}}})
+	if plain.GetSources()[0].GetShareGroup() != nil {
+		t.Fatal("a queue's status names a share group")
+	}
+}

@@ -60,6 +60,14 @@ func Status(w io.Writer, s *adminv1.Status, now time.Time) {
 			line = "connected, " + line
 		}
 		fmt.Fprintf(w, "  %s\n", line)
+		if g := src.GetShareGroup(); g != nil {
+			from := map[string]string{"group": "the group's config", "brokers": "the brokers' defaults"}[g.GetReadFrom()]
+			if from == "" {
+				from = "Kafka's defaults"
+			}
+			fmt.Fprintf(w, "  share group %s: archived after %d deliveries, lock %s (%s); retries read by %s\n",
+				g.GetName(), g.GetDeliveryCountLimit(), g.GetLockDuration().AsDuration(), from, g.GetRetryGroup())
+		}
 		fmt.Fprintf(w, "  %d in flight", src.GetInFlight())
 		if a := src.GetOldestUnsettledAge(); a != nil && src.GetInFlight() > 0 {
 			fmt.Fprintf(w, ", oldest %s", a.AsDuration().Round(time.Millisecond))

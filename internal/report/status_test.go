@@ -31,6 +31,9 @@ func TestStatusAndEvents(t *testing.T) {
 			{Name: "payments", Broker: "kafka", From: "payments", State: "paused", Reason: "not connected: no broker answers", RetryTiers: []*adminv1.RetryTier{
 				{Name: "payments.handler.retry.1s", Delay: durationpb.New(time.Second)},
 			}},
+			{Name: "jobs", Broker: "kafka", From: "jobs", Connected: true, State: "consuming", InFlight: 7,
+				ShareGroup: &adminv1.ShareGroup{Name: "workers", RetryGroup: "workers.retries", DeliveryCountLimit: 5,
+					LockDuration: durationpb.New(30 * time.Second), ReadFrom: "brokers"}},
 		},
 	}
 	var b bytes.Buffer

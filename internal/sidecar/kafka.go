@@ -124,6 +124,13 @@ func kafkaSource(name string, k *config.Kafka, n sourceNeeds) (source, error) {
 			return out, nil
 		},
 	}
+	if share {
+		ss := c.ShareSource()
+		status.Share = func() admin.ShareGroup {
+			limit, lock := ss.Limits()
+			return admin.ShareGroup{Name: k.ShareGroup, RetryGroup: kafka.ShareRetryGroup(k.ShareGroup), Limit: limit, Lock: lock, ReadFrom: ss.LimitsRead()}
+		}
+	}
 	if !k.Ordering.InPlace() { // ordered modes have no retry topics
 		for _, t := range n.tiers {
 			status.Tiers = append(status.Tiers, admin.Tier{Name: kafka.RetryTopic(k.Topic, k.GroupName(), t), Delay: t})

@@ -328,7 +328,10 @@ type SourceStatus struct {
 	DeadLetters *DeadLetterCounts `protobuf:"bytes,10,opt,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
 	// Its backlog and how fast it drains, over the last minute; absent until
 	// two readings of the backlog span some time.
-	Backlog       *Backlog `protobuf:"bytes,11,opt,name=backlog,proto3" json:"backlog,omitempty"`
+	Backlog *Backlog `protobuf:"bytes,11,opt,name=backlog,proto3" json:"backlog,omitempty"`
+	// The Kafka share group it consumes through; absent for a consumer group
+	// or a queue.
+	ShareGroup    *ShareGroup `protobuf:"bytes,12,opt,name=share_group,json=shareGroup,proto3" json:"share_group,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -440,6 +443,99 @@ func (x *SourceStatus) GetBacklog() *Backlog {
 	return nil
 }
 
+func (x *SourceStatus) GetShareGroup() *ShareGroup {
+	if x != nil {
+		return x.ShareGroup
+	}
+	return nil
+}
+
+// ShareGroup is what a Kafka share group's brokers do with its records, as
+// the sidecar read it at start.
+type ShareGroup struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// A record delivered this many times and not acknowledged is archived by
+	// the brokers; the sidecar moves a record on its last delivery out
+	// uncalled.
+	DeliveryCountLimit int32 `protobuf:"varint,2,opt,name=delivery_count_limit,json=deliveryCountLimit,proto3" json:"delivery_count_limit,omitempty"`
+	// A record acquired is another member's after this unless renewed; the
+	// sidecar renews one held past a third of it.
+	LockDuration *durationpb.Duration `protobuf:"bytes,3,opt,name=lock_duration,json=lockDuration,proto3" json:"lock_duration,omitempty"`
+	// Where they were read: group (its own configs), brokers (their
+	// defaults) or defaults (Kafka's; nothing could be read).
+	ReadFrom string `protobuf:"bytes,4,opt,name=read_from,json=readFrom,proto3" json:"read_from,omitempty"`
+	// The consumer group that reads the retry topics.
+	RetryGroup    string `protobuf:"bytes,5,opt,name=retry_group,json=retryGroup,proto3" json:"retry_group,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShareGroup) Reset() {
+	*x = ShareGroup{}
+	mi := &file_admin_v1_admin_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShareGroup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShareGroup) ProtoMessage() {}
+
+func (x *ShareGroup) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_v1_admin_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShareGroup.ProtoReflect.Descriptor instead.
+func (*ShareGroup) Descriptor() ([]byte, []int) {
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ShareGroup) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ShareGroup) GetDeliveryCountLimit() int32 {
+	if x != nil {
+		return x.DeliveryCountLimit
+	}
+	return 0
+}
+
+func (x *ShareGroup) GetLockDuration() *durationpb.Duration {
+	if x != nil {
+		return x.LockDuration
+	}
+	return nil
+}
+
+func (x *ShareGroup) GetReadFrom() string {
+	if x != nil {
+		return x.ReadFrom
+	}
+	return ""
+}
+
+func (x *ShareGroup) GetRetryGroup() string {
+	if x != nil {
+		return x.RetryGroup
+	}
+	return ""
+}
+
 // Backlog is a source's backlog B, its arrival rate λ and completion rate
 // μ, and the drain time B/(μ−λ) (seed 000).
 type Backlog struct {
@@ -460,7 +556,7 @@ type Backlog struct {
 
 func (x *Backlog) Reset() {
 	*x = Backlog{}
-	mi := &file_admin_v1_admin_proto_msgTypes[5]
+	mi := &file_admin_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -472,7 +568,7 @@ func (x *Backlog) String() string {
 func (*Backlog) ProtoMessage() {}
 
 func (x *Backlog) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[5]
+	mi := &file_admin_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -485,7 +581,7 @@ func (x *Backlog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Backlog.ProtoReflect.Descriptor instead.
 func (*Backlog) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Backlog) GetMessages() int64 {
@@ -538,7 +634,7 @@ type RetryTier struct {
 
 func (x *RetryTier) Reset() {
 	*x = RetryTier{}
-	mi := &file_admin_v1_admin_proto_msgTypes[6]
+	mi := &file_admin_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -550,7 +646,7 @@ func (x *RetryTier) String() string {
 func (*RetryTier) ProtoMessage() {}
 
 func (x *RetryTier) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[6]
+	mi := &file_admin_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -563,7 +659,7 @@ func (x *RetryTier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryTier.ProtoReflect.Descriptor instead.
 func (*RetryTier) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RetryTier) GetName() string {
@@ -610,7 +706,7 @@ type Journal struct {
 
 func (x *Journal) Reset() {
 	*x = Journal{}
-	mi := &file_admin_v1_admin_proto_msgTypes[7]
+	mi := &file_admin_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -622,7 +718,7 @@ func (x *Journal) String() string {
 func (*Journal) ProtoMessage() {}
 
 func (x *Journal) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[7]
+	mi := &file_admin_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -635,7 +731,7 @@ func (x *Journal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Journal.ProtoReflect.Descriptor instead.
 func (*Journal) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Journal) GetPath() string {
@@ -683,7 +779,7 @@ type GetEventRequest struct {
 
 func (x *GetEventRequest) Reset() {
 	*x = GetEventRequest{}
-	mi := &file_admin_v1_admin_proto_msgTypes[8]
+	mi := &file_admin_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -695,7 +791,7 @@ func (x *GetEventRequest) String() string {
 func (*GetEventRequest) ProtoMessage() {}
 
 func (x *GetEventRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[8]
+	mi := &file_admin_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -708,7 +804,7 @@ func (x *GetEventRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetEventRequest.ProtoReflect.Descriptor instead.
 func (*GetEventRequest) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetEventRequest) GetSource() string {
@@ -738,7 +834,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_admin_v1_admin_proto_msgTypes[9]
+	mi := &file_admin_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -750,7 +846,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[9]
+	mi := &file_admin_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -763,7 +859,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Event) GetSource() string {
@@ -798,7 +894,7 @@ type Handoff struct {
 
 func (x *Handoff) Reset() {
 	*x = Handoff{}
-	mi := &file_admin_v1_admin_proto_msgTypes[10]
+	mi := &file_admin_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -810,7 +906,7 @@ func (x *Handoff) String() string {
 func (*Handoff) ProtoMessage() {}
 
 func (x *Handoff) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[10]
+	mi := &file_admin_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -823,7 +919,7 @@ func (x *Handoff) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Handoff.ProtoReflect.Descriptor instead.
 func (*Handoff) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Handoff) GetReplayId() string {
@@ -864,7 +960,7 @@ type Step struct {
 
 func (x *Step) Reset() {
 	*x = Step{}
-	mi := &file_admin_v1_admin_proto_msgTypes[11]
+	mi := &file_admin_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -876,7 +972,7 @@ func (x *Step) String() string {
 func (*Step) ProtoMessage() {}
 
 func (x *Step) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[11]
+	mi := &file_admin_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -889,7 +985,7 @@ func (x *Step) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Step.ProtoReflect.Descriptor instead.
 func (*Step) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Step) GetAt() *timestamppb.Timestamp {
@@ -985,7 +1081,7 @@ type ListDeadLettersRequest struct {
 
 func (x *ListDeadLettersRequest) Reset() {
 	*x = ListDeadLettersRequest{}
-	mi := &file_admin_v1_admin_proto_msgTypes[12]
+	mi := &file_admin_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -997,7 +1093,7 @@ func (x *ListDeadLettersRequest) String() string {
 func (*ListDeadLettersRequest) ProtoMessage() {}
 
 func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[12]
+	mi := &file_admin_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1010,7 +1106,7 @@ func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListDeadLettersRequest) GetSource() string {
@@ -1082,7 +1178,7 @@ type ListDeadLettersResponse struct {
 
 func (x *ListDeadLettersResponse) Reset() {
 	*x = ListDeadLettersResponse{}
-	mi := &file_admin_v1_admin_proto_msgTypes[13]
+	mi := &file_admin_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1094,7 +1190,7 @@ func (x *ListDeadLettersResponse) String() string {
 func (*ListDeadLettersResponse) ProtoMessage() {}
 
 func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[13]
+	mi := &file_admin_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1107,7 +1203,7 @@ func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListDeadLettersResponse) GetDeadLetters() []*DeadLetter {
@@ -1147,7 +1243,7 @@ type DeadLetterCounts struct {
 
 func (x *DeadLetterCounts) Reset() {
 	*x = DeadLetterCounts{}
-	mi := &file_admin_v1_admin_proto_msgTypes[14]
+	mi := &file_admin_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1159,7 +1255,7 @@ func (x *DeadLetterCounts) String() string {
 func (*DeadLetterCounts) ProtoMessage() {}
 
 func (x *DeadLetterCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[14]
+	mi := &file_admin_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1172,7 +1268,7 @@ func (x *DeadLetterCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetterCounts.ProtoReflect.Descriptor instead.
 func (*DeadLetterCounts) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DeadLetterCounts) GetSource() string {
@@ -1252,7 +1348,7 @@ type DeadLetter struct {
 
 func (x *DeadLetter) Reset() {
 	*x = DeadLetter{}
-	mi := &file_admin_v1_admin_proto_msgTypes[15]
+	mi := &file_admin_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1264,7 +1360,7 @@ func (x *DeadLetter) String() string {
 func (*DeadLetter) ProtoMessage() {}
 
 func (x *DeadLetter) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[15]
+	mi := &file_admin_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1277,7 +1373,7 @@ func (x *DeadLetter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
 func (*DeadLetter) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DeadLetter) GetId() string {
@@ -1461,7 +1557,7 @@ type Repair struct {
 
 func (x *Repair) Reset() {
 	*x = Repair{}
-	mi := &file_admin_v1_admin_proto_msgTypes[16]
+	mi := &file_admin_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1473,7 +1569,7 @@ func (x *Repair) String() string {
 func (*Repair) ProtoMessage() {}
 
 func (x *Repair) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[16]
+	mi := &file_admin_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1486,7 +1582,7 @@ func (x *Repair) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Repair.ProtoReflect.Descriptor instead.
 func (*Repair) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Repair) GetBody() []byte {
@@ -1528,7 +1624,7 @@ type LedgerRecord struct {
 
 func (x *LedgerRecord) Reset() {
 	*x = LedgerRecord{}
-	mi := &file_admin_v1_admin_proto_msgTypes[17]
+	mi := &file_admin_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1540,7 +1636,7 @@ func (x *LedgerRecord) String() string {
 func (*LedgerRecord) ProtoMessage() {}
 
 func (x *LedgerRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[17]
+	mi := &file_admin_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1553,7 +1649,7 @@ func (x *LedgerRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LedgerRecord.ProtoReflect.Descriptor instead.
 func (*LedgerRecord) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LedgerRecord) GetTransition() string {
@@ -1623,7 +1719,7 @@ type GetDeadLetterRequest struct {
 
 func (x *GetDeadLetterRequest) Reset() {
 	*x = GetDeadLetterRequest{}
-	mi := &file_admin_v1_admin_proto_msgTypes[18]
+	mi := &file_admin_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1635,7 +1731,7 @@ func (x *GetDeadLetterRequest) String() string {
 func (*GetDeadLetterRequest) ProtoMessage() {}
 
 func (x *GetDeadLetterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[18]
+	mi := &file_admin_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1648,7 +1744,7 @@ func (x *GetDeadLetterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDeadLetterRequest.ProtoReflect.Descriptor instead.
 func (*GetDeadLetterRequest) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetDeadLetterRequest) GetId() string {
@@ -1684,7 +1780,7 @@ type ApproveDeadLetterRequest struct {
 
 func (x *ApproveDeadLetterRequest) Reset() {
 	*x = ApproveDeadLetterRequest{}
-	mi := &file_admin_v1_admin_proto_msgTypes[19]
+	mi := &file_admin_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1696,7 +1792,7 @@ func (x *ApproveDeadLetterRequest) String() string {
 func (*ApproveDeadLetterRequest) ProtoMessage() {}
 
 func (x *ApproveDeadLetterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[19]
+	mi := &file_admin_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1709,7 +1805,7 @@ func (x *ApproveDeadLetterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApproveDeadLetterRequest.ProtoReflect.Descriptor instead.
 func (*ApproveDeadLetterRequest) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ApproveDeadLetterRequest) GetId() string {
@@ -1766,7 +1862,7 @@ type TerminateDeadLetterRequest struct {
 
 func (x *TerminateDeadLetterRequest) Reset() {
 	*x = TerminateDeadLetterRequest{}
-	mi := &file_admin_v1_admin_proto_msgTypes[20]
+	mi := &file_admin_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1778,7 +1874,7 @@ func (x *TerminateDeadLetterRequest) String() string {
 func (*TerminateDeadLetterRequest) ProtoMessage() {}
 
 func (x *TerminateDeadLetterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[20]
+	mi := &file_admin_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1791,7 +1887,7 @@ func (x *TerminateDeadLetterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminateDeadLetterRequest.ProtoReflect.Descriptor instead.
 func (*TerminateDeadLetterRequest) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *TerminateDeadLetterRequest) GetId() string {
@@ -1851,7 +1947,7 @@ type CreateReplayRequest struct {
 
 func (x *CreateReplayRequest) Reset() {
 	*x = CreateReplayRequest{}
-	mi := &file_admin_v1_admin_proto_msgTypes[21]
+	mi := &file_admin_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1863,7 +1959,7 @@ func (x *CreateReplayRequest) String() string {
 func (*CreateReplayRequest) ProtoMessage() {}
 
 func (x *CreateReplayRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[21]
+	mi := &file_admin_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1876,7 +1972,7 @@ func (x *CreateReplayRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateReplayRequest.ProtoReflect.Descriptor instead.
 func (*CreateReplayRequest) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CreateReplayRequest) GetIds() []string {
@@ -1993,7 +2089,7 @@ type GetReplayRequest struct {
 
 func (x *GetReplayRequest) Reset() {
 	*x = GetReplayRequest{}
-	mi := &file_admin_v1_admin_proto_msgTypes[22]
+	mi := &file_admin_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2005,7 +2101,7 @@ func (x *GetReplayRequest) String() string {
 func (*GetReplayRequest) ProtoMessage() {}
 
 func (x *GetReplayRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[22]
+	mi := &file_admin_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2018,7 +2114,7 @@ func (x *GetReplayRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplayRequest.ProtoReflect.Descriptor instead.
 func (*GetReplayRequest) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetReplayRequest) GetId() string {
@@ -2039,7 +2135,7 @@ type CancelReplayRequest struct {
 
 func (x *CancelReplayRequest) Reset() {
 	*x = CancelReplayRequest{}
-	mi := &file_admin_v1_admin_proto_msgTypes[23]
+	mi := &file_admin_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2051,7 +2147,7 @@ func (x *CancelReplayRequest) String() string {
 func (*CancelReplayRequest) ProtoMessage() {}
 
 func (x *CancelReplayRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[23]
+	mi := &file_admin_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2064,7 +2160,7 @@ func (x *CancelReplayRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelReplayRequest.ProtoReflect.Descriptor instead.
 func (*CancelReplayRequest) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CancelReplayRequest) GetId() string {
@@ -2099,7 +2195,7 @@ type PauseReplayRequest struct {
 
 func (x *PauseReplayRequest) Reset() {
 	*x = PauseReplayRequest{}
-	mi := &file_admin_v1_admin_proto_msgTypes[24]
+	mi := &file_admin_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2111,7 +2207,7 @@ func (x *PauseReplayRequest) String() string {
 func (*PauseReplayRequest) ProtoMessage() {}
 
 func (x *PauseReplayRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[24]
+	mi := &file_admin_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2124,7 +2220,7 @@ func (x *PauseReplayRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseReplayRequest.ProtoReflect.Descriptor instead.
 func (*PauseReplayRequest) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{24}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PauseReplayRequest) GetId() string {
@@ -2159,7 +2255,7 @@ type ResumeReplayRequest struct {
 
 func (x *ResumeReplayRequest) Reset() {
 	*x = ResumeReplayRequest{}
-	mi := &file_admin_v1_admin_proto_msgTypes[25]
+	mi := &file_admin_v1_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2171,7 +2267,7 @@ func (x *ResumeReplayRequest) String() string {
 func (*ResumeReplayRequest) ProtoMessage() {}
 
 func (x *ResumeReplayRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[25]
+	mi := &file_admin_v1_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2184,7 +2280,7 @@ func (x *ResumeReplayRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeReplayRequest.ProtoReflect.Descriptor instead.
 func (*ResumeReplayRequest) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{25}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ResumeReplayRequest) GetId() string {
@@ -2216,7 +2312,7 @@ type GetActivityRequest struct {
 
 func (x *GetActivityRequest) Reset() {
 	*x = GetActivityRequest{}
-	mi := &file_admin_v1_admin_proto_msgTypes[26]
+	mi := &file_admin_v1_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2228,7 +2324,7 @@ func (x *GetActivityRequest) String() string {
 func (*GetActivityRequest) ProtoMessage() {}
 
 func (x *GetActivityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[26]
+	mi := &file_admin_v1_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2241,7 +2337,7 @@ func (x *GetActivityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetActivityRequest.ProtoReflect.Descriptor instead.
 func (*GetActivityRequest) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{26}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{27}
 }
 
 // Activity is each source's traffic, counted over fixed steps, oldest step
@@ -2257,7 +2353,7 @@ type Activity struct {
 
 func (x *Activity) Reset() {
 	*x = Activity{}
-	mi := &file_admin_v1_admin_proto_msgTypes[27]
+	mi := &file_admin_v1_admin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2269,7 +2365,7 @@ func (x *Activity) String() string {
 func (*Activity) ProtoMessage() {}
 
 func (x *Activity) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[27]
+	mi := &file_admin_v1_admin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2282,7 +2378,7 @@ func (x *Activity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Activity.ProtoReflect.Descriptor instead.
 func (*Activity) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{27}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Activity) GetStep() *durationpb.Duration {
@@ -2309,7 +2405,7 @@ type SourceActivity struct {
 
 func (x *SourceActivity) Reset() {
 	*x = SourceActivity{}
-	mi := &file_admin_v1_admin_proto_msgTypes[28]
+	mi := &file_admin_v1_admin_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2321,7 +2417,7 @@ func (x *SourceActivity) String() string {
 func (*SourceActivity) ProtoMessage() {}
 
 func (x *SourceActivity) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[28]
+	mi := &file_admin_v1_admin_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2334,7 +2430,7 @@ func (x *SourceActivity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SourceActivity.ProtoReflect.Descriptor instead.
 func (*SourceActivity) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{28}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SourceActivity) GetName() string {
@@ -2371,7 +2467,7 @@ type ActivityStep struct {
 
 func (x *ActivityStep) Reset() {
 	*x = ActivityStep{}
-	mi := &file_admin_v1_admin_proto_msgTypes[29]
+	mi := &file_admin_v1_admin_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2383,7 +2479,7 @@ func (x *ActivityStep) String() string {
 func (*ActivityStep) ProtoMessage() {}
 
 func (x *ActivityStep) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[29]
+	mi := &file_admin_v1_admin_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2396,7 +2492,7 @@ func (x *ActivityStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ActivityStep.ProtoReflect.Descriptor instead.
 func (*ActivityStep) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{29}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ActivityStep) GetAt() *timestamppb.Timestamp {
@@ -2443,7 +2539,7 @@ type ListReplaysRequest struct {
 
 func (x *ListReplaysRequest) Reset() {
 	*x = ListReplaysRequest{}
-	mi := &file_admin_v1_admin_proto_msgTypes[30]
+	mi := &file_admin_v1_admin_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2455,7 +2551,7 @@ func (x *ListReplaysRequest) String() string {
 func (*ListReplaysRequest) ProtoMessage() {}
 
 func (x *ListReplaysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[30]
+	mi := &file_admin_v1_admin_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2468,7 +2564,7 @@ func (x *ListReplaysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReplaysRequest.ProtoReflect.Descriptor instead.
 func (*ListReplaysRequest) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{30}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListReplaysRequest) GetSource() string {
@@ -2487,7 +2583,7 @@ type ListReplaysResponse struct {
 
 func (x *ListReplaysResponse) Reset() {
 	*x = ListReplaysResponse{}
-	mi := &file_admin_v1_admin_proto_msgTypes[31]
+	mi := &file_admin_v1_admin_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2499,7 +2595,7 @@ func (x *ListReplaysResponse) String() string {
 func (*ListReplaysResponse) ProtoMessage() {}
 
 func (x *ListReplaysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[31]
+	mi := &file_admin_v1_admin_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2512,7 +2608,7 @@ func (x *ListReplaysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReplaysResponse.ProtoReflect.Descriptor instead.
 func (*ListReplaysResponse) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{31}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListReplaysResponse) GetReplays() []*Replay {
@@ -2560,7 +2656,7 @@ type Replay struct {
 
 func (x *Replay) Reset() {
 	*x = Replay{}
-	mi := &file_admin_v1_admin_proto_msgTypes[32]
+	mi := &file_admin_v1_admin_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2572,7 +2668,7 @@ func (x *Replay) String() string {
 func (*Replay) ProtoMessage() {}
 
 func (x *Replay) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[32]
+	mi := &file_admin_v1_admin_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2585,7 +2681,7 @@ func (x *Replay) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Replay.ProtoReflect.Descriptor instead.
 func (*Replay) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{32}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Replay) GetId() string {
@@ -2755,7 +2851,7 @@ type Progress struct {
 
 func (x *Progress) Reset() {
 	*x = Progress{}
-	mi := &file_admin_v1_admin_proto_msgTypes[33]
+	mi := &file_admin_v1_admin_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2767,7 +2863,7 @@ func (x *Progress) String() string {
 func (*Progress) ProtoMessage() {}
 
 func (x *Progress) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[33]
+	mi := &file_admin_v1_admin_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2780,7 +2876,7 @@ func (x *Progress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Progress.ProtoReflect.Descriptor instead.
 func (*Progress) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{33}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Progress) GetSelected() int64 {
@@ -2870,7 +2966,7 @@ const file_admin_v1_admin_proto_rawDesc = "" +
 	"\x0eoverload_until\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\roverloadUntil\"8\n" +
 	"\x06Budget\x12\x16\n" +
 	"\x06tokens\x18\x01 \x01(\x01R\x06tokens\x12\x16\n" +
-	"\x06denied\x18\x02 \x01(\x04R\x06denied\"\xbe\x03\n" +
+	"\x06denied\x18\x02 \x01(\x04R\x06denied\"\xfd\x03\n" +
 	"\fSourceStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06broker\x18\x02 \x01(\tR\x06broker\x12\x12\n" +
@@ -2884,7 +2980,17 @@ const file_admin_v1_admin_proto_rawDesc = "" +
 	"retryTiers\x12E\n" +
 	"\fdead_letters\x18\n" +
 	" \x01(\v2\".handoff.admin.v1.DeadLetterCountsR\vdeadLetters\x123\n" +
-	"\abacklog\x18\v \x01(\v2\x19.handoff.admin.v1.BacklogR\abacklog\"\xc2\x01\n" +
+	"\abacklog\x18\v \x01(\v2\x19.handoff.admin.v1.BacklogR\abacklog\x12=\n" +
+	"\vshare_group\x18\f \x01(\v2\x1c.handoff.admin.v1.ShareGroupR\n" +
+	"shareGroup\"\xd0\x01\n" +
+	"\n" +
+	"ShareGroup\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x120\n" +
+	"\x14delivery_count_limit\x18\x02 \x01(\x05R\x12deliveryCountLimit\x12>\n" +
+	"\rlock_duration\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\flockDuration\x12\x1b\n" +
+	"\tread_from\x18\x04 \x01(\tR\breadFrom\x12\x1f\n" +
+	"\vretry_group\x18\x05 \x01(\tR\n" +
+	"retryGroup\"\xc2\x01\n" +
 	"\aBacklog\x12\x1a\n" +
 	"\bmessages\x18\x01 \x01(\x03R\bmessages\x12!\n" +
 	"\farrival_rate\x18\x02 \x01(\x01R\varrivalRate\x12'\n" +
@@ -3127,126 +3233,129 @@ func file_admin_v1_admin_proto_rawDescGZIP() []byte {
 	return file_admin_v1_admin_proto_rawDescData
 }
 
-var file_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_admin_v1_admin_proto_goTypes = []any{
 	(*GetStatusRequest)(nil),           // 0: handoff.admin.v1.GetStatusRequest
 	(*Status)(nil),                     // 1: handoff.admin.v1.Status
 	(*Calls)(nil),                      // 2: handoff.admin.v1.Calls
 	(*Budget)(nil),                     // 3: handoff.admin.v1.Budget
 	(*SourceStatus)(nil),               // 4: handoff.admin.v1.SourceStatus
-	(*Backlog)(nil),                    // 5: handoff.admin.v1.Backlog
-	(*RetryTier)(nil),                  // 6: handoff.admin.v1.RetryTier
-	(*Journal)(nil),                    // 7: handoff.admin.v1.Journal
-	(*GetEventRequest)(nil),            // 8: handoff.admin.v1.GetEventRequest
-	(*Event)(nil),                      // 9: handoff.admin.v1.Event
-	(*Handoff)(nil),                    // 10: handoff.admin.v1.Handoff
-	(*Step)(nil),                       // 11: handoff.admin.v1.Step
-	(*ListDeadLettersRequest)(nil),     // 12: handoff.admin.v1.ListDeadLettersRequest
-	(*ListDeadLettersResponse)(nil),    // 13: handoff.admin.v1.ListDeadLettersResponse
-	(*DeadLetterCounts)(nil),           // 14: handoff.admin.v1.DeadLetterCounts
-	(*DeadLetter)(nil),                 // 15: handoff.admin.v1.DeadLetter
-	(*Repair)(nil),                     // 16: handoff.admin.v1.Repair
-	(*LedgerRecord)(nil),               // 17: handoff.admin.v1.LedgerRecord
-	(*GetDeadLetterRequest)(nil),       // 18: handoff.admin.v1.GetDeadLetterRequest
-	(*ApproveDeadLetterRequest)(nil),   // 19: handoff.admin.v1.ApproveDeadLetterRequest
-	(*TerminateDeadLetterRequest)(nil), // 20: handoff.admin.v1.TerminateDeadLetterRequest
-	(*CreateReplayRequest)(nil),        // 21: handoff.admin.v1.CreateReplayRequest
-	(*GetReplayRequest)(nil),           // 22: handoff.admin.v1.GetReplayRequest
-	(*CancelReplayRequest)(nil),        // 23: handoff.admin.v1.CancelReplayRequest
-	(*PauseReplayRequest)(nil),         // 24: handoff.admin.v1.PauseReplayRequest
-	(*ResumeReplayRequest)(nil),        // 25: handoff.admin.v1.ResumeReplayRequest
-	(*GetActivityRequest)(nil),         // 26: handoff.admin.v1.GetActivityRequest
-	(*Activity)(nil),                   // 27: handoff.admin.v1.Activity
-	(*SourceActivity)(nil),             // 28: handoff.admin.v1.SourceActivity
-	(*ActivityStep)(nil),               // 29: handoff.admin.v1.ActivityStep
-	(*ListReplaysRequest)(nil),         // 30: handoff.admin.v1.ListReplaysRequest
-	(*ListReplaysResponse)(nil),        // 31: handoff.admin.v1.ListReplaysResponse
-	(*Replay)(nil),                     // 32: handoff.admin.v1.Replay
-	(*Progress)(nil),                   // 33: handoff.admin.v1.Progress
-	nil,                                // 34: handoff.admin.v1.DeadLetterCounts.ByStateEntry
-	nil,                                // 35: handoff.admin.v1.DeadLetter.HeadersEntry
-	(*timestamppb.Timestamp)(nil),      // 36: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),        // 37: google.protobuf.Duration
+	(*ShareGroup)(nil),                 // 5: handoff.admin.v1.ShareGroup
+	(*Backlog)(nil),                    // 6: handoff.admin.v1.Backlog
+	(*RetryTier)(nil),                  // 7: handoff.admin.v1.RetryTier
+	(*Journal)(nil),                    // 8: handoff.admin.v1.Journal
+	(*GetEventRequest)(nil),            // 9: handoff.admin.v1.GetEventRequest
+	(*Event)(nil),                      // 10: handoff.admin.v1.Event
+	(*Handoff)(nil),                    // 11: handoff.admin.v1.Handoff
+	(*Step)(nil),                       // 12: handoff.admin.v1.Step
+	(*ListDeadLettersRequest)(nil),     // 13: handoff.admin.v1.ListDeadLettersRequest
+	(*ListDeadLettersResponse)(nil),    // 14: handoff.admin.v1.ListDeadLettersResponse
+	(*DeadLetterCounts)(nil),           // 15: handoff.admin.v1.DeadLetterCounts
+	(*DeadLetter)(nil),                 // 16: handoff.admin.v1.DeadLetter
+	(*Repair)(nil),                     // 17: handoff.admin.v1.Repair
+	(*LedgerRecord)(nil),               // 18: handoff.admin.v1.LedgerRecord
+	(*GetDeadLetterRequest)(nil),       // 19: handoff.admin.v1.GetDeadLetterRequest
+	(*ApproveDeadLetterRequest)(nil),   // 20: handoff.admin.v1.ApproveDeadLetterRequest
+	(*TerminateDeadLetterRequest)(nil), // 21: handoff.admin.v1.TerminateDeadLetterRequest
+	(*CreateReplayRequest)(nil),        // 22: handoff.admin.v1.CreateReplayRequest
+	(*GetReplayRequest)(nil),           // 23: handoff.admin.v1.GetReplayRequest
+	(*CancelReplayRequest)(nil),        // 24: handoff.admin.v1.CancelReplayRequest
+	(*PauseReplayRequest)(nil),         // 25: handoff.admin.v1.PauseReplayRequest
+	(*ResumeReplayRequest)(nil),        // 26: handoff.admin.v1.ResumeReplayRequest
+	(*GetActivityRequest)(nil),         // 27: handoff.admin.v1.GetActivityRequest
+	(*Activity)(nil),                   // 28: handoff.admin.v1.Activity
+	(*SourceActivity)(nil),             // 29: handoff.admin.v1.SourceActivity
+	(*ActivityStep)(nil),               // 30: handoff.admin.v1.ActivityStep
+	(*ListReplaysRequest)(nil),         // 31: handoff.admin.v1.ListReplaysRequest
+	(*ListReplaysResponse)(nil),        // 32: handoff.admin.v1.ListReplaysResponse
+	(*Replay)(nil),                     // 33: handoff.admin.v1.Replay
+	(*Progress)(nil),                   // 34: handoff.admin.v1.Progress
+	nil,                                // 35: handoff.admin.v1.DeadLetterCounts.ByStateEntry
+	nil,                                // 36: handoff.admin.v1.DeadLetter.HeadersEntry
+	(*timestamppb.Timestamp)(nil),      // 37: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 38: google.protobuf.Duration
 }
 var file_admin_v1_admin_proto_depIdxs = []int32{
-	36, // 0: handoff.admin.v1.Status.started_at:type_name -> google.protobuf.Timestamp
+	37, // 0: handoff.admin.v1.Status.started_at:type_name -> google.protobuf.Timestamp
 	4,  // 1: handoff.admin.v1.Status.sources:type_name -> handoff.admin.v1.SourceStatus
 	2,  // 2: handoff.admin.v1.Status.calls:type_name -> handoff.admin.v1.Calls
 	3,  // 3: handoff.admin.v1.Status.budget:type_name -> handoff.admin.v1.Budget
-	7,  // 4: handoff.admin.v1.Status.journal:type_name -> handoff.admin.v1.Journal
-	36, // 5: handoff.admin.v1.Calls.overload_until:type_name -> google.protobuf.Timestamp
-	37, // 6: handoff.admin.v1.SourceStatus.oldest_unsettled_age:type_name -> google.protobuf.Duration
-	6,  // 7: handoff.admin.v1.SourceStatus.retry_tiers:type_name -> handoff.admin.v1.RetryTier
-	14, // 8: handoff.admin.v1.SourceStatus.dead_letters:type_name -> handoff.admin.v1.DeadLetterCounts
-	5,  // 9: handoff.admin.v1.SourceStatus.backlog:type_name -> handoff.admin.v1.Backlog
-	37, // 10: handoff.admin.v1.Backlog.drain:type_name -> google.protobuf.Duration
-	37, // 11: handoff.admin.v1.RetryTier.delay:type_name -> google.protobuf.Duration
-	37, // 12: handoff.admin.v1.Journal.commit_p50:type_name -> google.protobuf.Duration
-	37, // 13: handoff.admin.v1.Journal.commit_max:type_name -> google.protobuf.Duration
-	10, // 14: handoff.admin.v1.Event.handoffs:type_name -> handoff.admin.v1.Handoff
-	11, // 15: handoff.admin.v1.Handoff.steps:type_name -> handoff.admin.v1.Step
-	36, // 16: handoff.admin.v1.Step.at:type_name -> google.protobuf.Timestamp
-	37, // 17: handoff.admin.v1.Step.latency:type_name -> google.protobuf.Duration
-	36, // 18: handoff.admin.v1.ListDeadLettersRequest.since:type_name -> google.protobuf.Timestamp
-	36, // 19: handoff.admin.v1.ListDeadLettersRequest.until:type_name -> google.protobuf.Timestamp
-	15, // 20: handoff.admin.v1.ListDeadLettersResponse.dead_letters:type_name -> handoff.admin.v1.DeadLetter
-	14, // 21: handoff.admin.v1.ListDeadLettersResponse.counts:type_name -> handoff.admin.v1.DeadLetterCounts
-	34, // 22: handoff.admin.v1.DeadLetterCounts.by_state:type_name -> handoff.admin.v1.DeadLetterCounts.ByStateEntry
-	36, // 23: handoff.admin.v1.DeadLetterCounts.oldest_open_at:type_name -> google.protobuf.Timestamp
-	37, // 24: handoff.admin.v1.DeadLetterCounts.oldest_open_age:type_name -> google.protobuf.Duration
-	36, // 25: handoff.admin.v1.DeadLetter.first_failure_at:type_name -> google.protobuf.Timestamp
-	36, // 26: handoff.admin.v1.DeadLetter.dead_lettered_at:type_name -> google.protobuf.Timestamp
-	35, // 27: handoff.admin.v1.DeadLetter.headers:type_name -> handoff.admin.v1.DeadLetter.HeadersEntry
-	16, // 28: handoff.admin.v1.DeadLetter.repair:type_name -> handoff.admin.v1.Repair
-	17, // 29: handoff.admin.v1.DeadLetter.history:type_name -> handoff.admin.v1.LedgerRecord
-	10, // 30: handoff.admin.v1.DeadLetter.handoffs:type_name -> handoff.admin.v1.Handoff
-	36, // 31: handoff.admin.v1.LedgerRecord.at:type_name -> google.protobuf.Timestamp
-	16, // 32: handoff.admin.v1.LedgerRecord.repair:type_name -> handoff.admin.v1.Repair
-	36, // 33: handoff.admin.v1.CreateReplayRequest.since:type_name -> google.protobuf.Timestamp
-	36, // 34: handoff.admin.v1.CreateReplayRequest.until:type_name -> google.protobuf.Timestamp
-	37, // 35: handoff.admin.v1.CreateReplayRequest.sample_timeout:type_name -> google.protobuf.Duration
-	37, // 36: handoff.admin.v1.Activity.step:type_name -> google.protobuf.Duration
-	28, // 37: handoff.admin.v1.Activity.sources:type_name -> handoff.admin.v1.SourceActivity
-	29, // 38: handoff.admin.v1.SourceActivity.steps:type_name -> handoff.admin.v1.ActivityStep
-	36, // 39: handoff.admin.v1.ActivityStep.at:type_name -> google.protobuf.Timestamp
-	32, // 40: handoff.admin.v1.ListReplaysResponse.replays:type_name -> handoff.admin.v1.Replay
-	36, // 41: handoff.admin.v1.Replay.heartbeat_at:type_name -> google.protobuf.Timestamp
-	36, // 42: handoff.admin.v1.Replay.created_at:type_name -> google.protobuf.Timestamp
-	36, // 43: handoff.admin.v1.Replay.ended_at:type_name -> google.protobuf.Timestamp
-	33, // 44: handoff.admin.v1.Replay.progress:type_name -> handoff.admin.v1.Progress
-	37, // 45: handoff.admin.v1.Progress.eta:type_name -> google.protobuf.Duration
-	37, // 46: handoff.admin.v1.Progress.waited:type_name -> google.protobuf.Duration
-	0,  // 47: handoff.admin.v1.Admin.GetStatus:input_type -> handoff.admin.v1.GetStatusRequest
-	8,  // 48: handoff.admin.v1.Admin.GetEvent:input_type -> handoff.admin.v1.GetEventRequest
-	18, // 49: handoff.admin.v1.Admin.GetDeadLetter:input_type -> handoff.admin.v1.GetDeadLetterRequest
-	12, // 50: handoff.admin.v1.Admin.ListDeadLetters:input_type -> handoff.admin.v1.ListDeadLettersRequest
-	19, // 51: handoff.admin.v1.Admin.ApproveDeadLetter:input_type -> handoff.admin.v1.ApproveDeadLetterRequest
-	20, // 52: handoff.admin.v1.Admin.TerminateDeadLetter:input_type -> handoff.admin.v1.TerminateDeadLetterRequest
-	21, // 53: handoff.admin.v1.Admin.CreateReplay:input_type -> handoff.admin.v1.CreateReplayRequest
-	22, // 54: handoff.admin.v1.Admin.GetReplay:input_type -> handoff.admin.v1.GetReplayRequest
-	30, // 55: handoff.admin.v1.Admin.ListReplays:input_type -> handoff.admin.v1.ListReplaysRequest
-	23, // 56: handoff.admin.v1.Admin.CancelReplay:input_type -> handoff.admin.v1.CancelReplayRequest
-	24, // 57: handoff.admin.v1.Admin.PauseReplay:input_type -> handoff.admin.v1.PauseReplayRequest
-	25, // 58: handoff.admin.v1.Admin.ResumeReplay:input_type -> handoff.admin.v1.ResumeReplayRequest
-	26, // 59: handoff.admin.v1.Admin.GetActivity:input_type -> handoff.admin.v1.GetActivityRequest
-	1,  // 60: handoff.admin.v1.Admin.GetStatus:output_type -> handoff.admin.v1.Status
-	9,  // 61: handoff.admin.v1.Admin.GetEvent:output_type -> handoff.admin.v1.Event
-	15, // 62: handoff.admin.v1.Admin.GetDeadLetter:output_type -> handoff.admin.v1.DeadLetter
-	13, // 63: handoff.admin.v1.Admin.ListDeadLetters:output_type -> handoff.admin.v1.ListDeadLettersResponse
-	15, // 64: handoff.admin.v1.Admin.ApproveDeadLetter:output_type -> handoff.admin.v1.DeadLetter
-	15, // 65: handoff.admin.v1.Admin.TerminateDeadLetter:output_type -> handoff.admin.v1.DeadLetter
-	32, // 66: handoff.admin.v1.Admin.CreateReplay:output_type -> handoff.admin.v1.Replay
-	32, // 67: handoff.admin.v1.Admin.GetReplay:output_type -> handoff.admin.v1.Replay
-	31, // 68: handoff.admin.v1.Admin.ListReplays:output_type -> handoff.admin.v1.ListReplaysResponse
-	32, // 69: handoff.admin.v1.Admin.CancelReplay:output_type -> handoff.admin.v1.Replay
-	32, // 70: handoff.admin.v1.Admin.PauseReplay:output_type -> handoff.admin.v1.Replay
-	32, // 71: handoff.admin.v1.Admin.ResumeReplay:output_type -> handoff.admin.v1.Replay
-	27, // 72: handoff.admin.v1.Admin.GetActivity:output_type -> handoff.admin.v1.Activity
-	60, // [60:73] is the sub-list for method output_type
-	47, // [47:60] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	8,  // 4: handoff.admin.v1.Status.journal:type_name -> handoff.admin.v1.Journal
+	37, // 5: handoff.admin.v1.Calls.overload_until:type_name -> google.protobuf.Timestamp
+	38, // 6: handoff.admin.v1.SourceStatus.oldest_unsettled_age:type_name -> google.protobuf.Duration
+	7,  // 7: handoff.admin.v1.SourceStatus.retry_tiers:type_name -> handoff.admin.v1.RetryTier
+	15, // 8: handoff.admin.v1.SourceStatus.dead_letters:type_name -> handoff.admin.v1.DeadLetterCounts
+	6,  // 9: handoff.admin.v1.SourceStatus.backlog:type_name -> handoff.admin.v1.Backlog
+	5,  // 10: handoff.admin.v1.SourceStatus.share_group:type_name -> handoff.admin.v1.ShareGroup
+	38, // 11: handoff.admin.v1.ShareGroup.lock_duration:type_name -> google.protobuf.Duration
+	38, // 12: handoff.admin.v1.Backlog.drain:type_name -> google.protobuf.Duration
+	38, // 13: handoff.admin.v1.RetryTier.delay:type_name -> google.protobuf.Duration
+	38, // 14: handoff.admin.v1.Journal.commit_p50:type_name -> google.protobuf.Duration
+	38, // 15: handoff.admin.v1.Journal.commit_max:type_name -> google.protobuf.Duration
+	11, // 16: handoff.admin.v1.Event.handoffs:type_name -> handoff.admin.v1.Handoff
+	12, // 17: handoff.admin.v1.Handoff.steps:type_name -> handoff.admin.v1.Step
+	37, // 18: handoff.admin.v1.Step.at:type_name -> google.protobuf.Timestamp
+	38, // 19: handoff.admin.v1.Step.latency:type_name -> google.protobuf.Duration
+	37, // 20: handoff.admin.v1.ListDeadLettersRequest.since:type_name -> google.protobuf.Timestamp
+	37, // 21: handoff.admin.v1.ListDeadLettersRequest.until:type_name -> google.protobuf.Timestamp
+	16, // 22: handoff.admin.v1.ListDeadLettersResponse.dead_letters:type_name -> handoff.admin.v1.DeadLetter
+	15, // 23: handoff.admin.v1.ListDeadLettersResponse.counts:type_name -> handoff.admin.v1.DeadLetterCounts
+	35, // 24: handoff.admin.v1.DeadLetterCounts.by_state:type_name -> handoff.admin.v1.DeadLetterCounts.ByStateEntry
+	37, // 25: handoff.admin.v1.DeadLetterCounts.oldest_open_at:type_name -> google.protobuf.Timestamp
+	38, // 26: handoff.admin.v1.DeadLetterCounts.oldest_open_age:type_name -> google.protobuf.Duration
+	37, // 27: handoff.admin.v1.DeadLetter.first_failure_at:type_name -> google.protobuf.Timestamp
+	37, // 28: handoff.admin.v1.DeadLetter.dead_lettered_at:type_name -> google.protobuf.Timestamp
+	36, // 29: handoff.admin.v1.DeadLetter.headers:type_name -> handoff.admin.v1.DeadLetter.HeadersEntry
+	17, // 30: handoff.admin.v1.DeadLetter.repair:type_name -> handoff.admin.v1.Repair
+	18, // 31: handoff.admin.v1.DeadLetter.history:type_name -> handoff.admin.v1.LedgerRecord
+	11, // 32: handoff.admin.v1.DeadLetter.handoffs:type_name -> handoff.admin.v1.Handoff
+	37, // 33: handoff.admin.v1.LedgerRecord.at:type_name -> google.protobuf.Timestamp
+	17, // 34: handoff.admin.v1.LedgerRecord.repair:type_name -> handoff.admin.v1.Repair
+	37, // 35: handoff.admin.v1.CreateReplayRequest.since:type_name -> google.protobuf.Timestamp
+	37, // 36: handoff.admin.v1.CreateReplayRequest.until:type_name -> google.protobuf.Timestamp
+	38, // 37: handoff.admin.v1.CreateReplayRequest.sample_timeout:type_name -> google.protobuf.Duration
+	38, // 38: handoff.admin.v1.Activity.step:type_name -> google.protobuf.Duration
+	29, // 39: handoff.admin.v1.Activity.sources:type_name -> handoff.admin.v1.SourceActivity
+	30, // 40: handoff.admin.v1.SourceActivity.steps:type_name -> handoff.admin.v1.ActivityStep
+	37, // 41: handoff.admin.v1.ActivityStep.at:type_name -> google.protobuf.Timestamp
+	33, // 42: handoff.admin.v1.ListReplaysResponse.replays:type_name -> handoff.admin.v1.Replay
+	37, // 43: handoff.admin.v1.Replay.heartbeat_at:type_name -> google.protobuf.Timestamp
+	37, // 44: handoff.admin.v1.Replay.created_at:type_name -> google.protobuf.Timestamp
+	37, // 45: handoff.admin.v1.Replay.ended_at:type_name -> google.protobuf.Timestamp
+	34, // 46: handoff.admin.v1.Replay.progress:type_name -> handoff.admin.v1.Progress
+	38, // 47: handoff.admin.v1.Progress.eta:type_name -> google.protobuf.Duration
+	38, // 48: handoff.admin.v1.Progress.waited:type_name -> google.protobuf.Duration
+	0,  // 49: handoff.admin.v1.Admin.GetStatus:input_type -> handoff.admin.v1.GetStatusRequest
+	9,  // 50: handoff.admin.v1.Admin.GetEvent:input_type -> handoff.admin.v1.GetEventRequest
+	19, // 51: handoff.admin.v1.Admin.GetDeadLetter:input_type -> handoff.admin.v1.GetDeadLetterRequest
+	13, // 52: handoff.admin.v1.Admin.ListDeadLetters:input_type -> handoff.admin.v1.ListDeadLettersRequest
+	20, // 53: handoff.admin.v1.Admin.ApproveDeadLetter:input_type -> handoff.admin.v1.ApproveDeadLetterRequest
+	21, // 54: handoff.admin.v1.Admin.TerminateDeadLetter:input_type -> handoff.admin.v1.TerminateDeadLetterRequest
+	22, // 55: handoff.admin.v1.Admin.CreateReplay:input_type -> handoff.admin.v1.CreateReplayRequest
+	23, // 56: handoff.admin.v1.Admin.GetReplay:input_type -> handoff.admin.v1.GetReplayRequest
+	31, // 57: handoff.admin.v1.Admin.ListReplays:input_type -> handoff.admin.v1.ListReplaysRequest
+	24, // 58: handoff.admin.v1.Admin.CancelReplay:input_type -> handoff.admin.v1.CancelReplayRequest
+	25, // 59: handoff.admin.v1.Admin.PauseReplay:input_type -> handoff.admin.v1.PauseReplayRequest
+	26, // 60: handoff.admin.v1.Admin.ResumeReplay:input_type -> handoff.admin.v1.ResumeReplayRequest
+	27, // 61: handoff.admin.v1.Admin.GetActivity:input_type -> handoff.admin.v1.GetActivityRequest
+	1,  // 62: handoff.admin.v1.Admin.GetStatus:output_type -> handoff.admin.v1.Status
+	10, // 63: handoff.admin.v1.Admin.GetEvent:output_type -> handoff.admin.v1.Event
+	16, // 64: handoff.admin.v1.Admin.GetDeadLetter:output_type -> handoff.admin.v1.DeadLetter
+	14, // 65: handoff.admin.v1.Admin.ListDeadLetters:output_type -> handoff.admin.v1.ListDeadLettersResponse
+	16, // 66: handoff.admin.v1.Admin.ApproveDeadLetter:output_type -> handoff.admin.v1.DeadLetter
+	16, // 67: handoff.admin.v1.Admin.TerminateDeadLetter:output_type -> handoff.admin.v1.DeadLetter
+	33, // 68: handoff.admin.v1.Admin.CreateReplay:output_type -> handoff.admin.v1.Replay
+	33, // 69: handoff.admin.v1.Admin.GetReplay:output_type -> handoff.admin.v1.Replay
+	32, // 70: handoff.admin.v1.Admin.ListReplays:output_type -> handoff.admin.v1.ListReplaysResponse
+	33, // 71: handoff.admin.v1.Admin.CancelReplay:output_type -> handoff.admin.v1.Replay
+	33, // 72: handoff.admin.v1.Admin.PauseReplay:output_type -> handoff.admin.v1.Replay
+	33, // 73: handoff.admin.v1.Admin.ResumeReplay:output_type -> handoff.admin.v1.Replay
+	28, // 74: handoff.admin.v1.Admin.GetActivity:output_type -> handoff.admin.v1.Activity
+	62, // [62:75] is the sub-list for method output_type
+	49, // [49:62] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_admin_v1_admin_proto_init() }
@@ -3260,7 +3369,7 @@ func file_admin_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_admin_v1_admin_proto_rawDesc), len(file_admin_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   36,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -71,6 +71,7 @@ type ShareSource struct {
 	// until then Kafka's defaults.
 	limit atomic.Int32
 	lock  atomic.Int64
+	from  atomic.Pointer[string]
 	// lost is closed when the client closes: a record not acknowledged by
 	// then goes back to the group.
 	lost chan struct{}
@@ -151,6 +152,7 @@ func (s *ShareSource) declare(ctx context.Context) error {
 	}
 	s.limit.Store(int32(l.Limit))
 	s.lock.Store(int64(l.Lock))
+	s.from.Store(&l.From)
 	s.c.log.Info("kafka share group: a record delivered this many times and not acknowledged is archived by the brokers; the sidecar moves it out on its last delivery instead, uncalled. A call longer than the lock is renewed while it runs",
 		"delivery_count_limit", l.Limit, "lock_duration", l.Lock, "read_from", l.From)
 	s.readyOnce.Do(func() { close(s.ready) })
@@ -160,6 +162,15 @@ func (s *ShareSource) declare(ctx context.Context) error {
 // Limits are the group's delivery limit and lock duration as last read.
 func (s *ShareSource) Limits() (limit int, lock time.Duration) {
 	return int(s.limit.Load()), time.Duration(s.lock.Load())
+}
+
+// LimitsRead says where Limits came from: group, brokers, or defaults
+// (Kafka's, until declare read them or when nothing could be read).
+func (s *ShareSource) LimitsRead() string {
+	if v := s.from.Load(); v != nil {
+		return *v
+	}
+	return "defaults"
 }
 
 // acked logs acknowledgements the brokers refused: such a record comes
