@@ -13,7 +13,9 @@ import (
 	"syscall"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // The baselines are the consumers a team would write on the raw client
@@ -142,6 +144,87 @@ func runBaselineKafka(args []string) error {
 		batch.Wait()
 		cl.MarkCommitRecords(recs...)
 	}
+}
+
+// runBaselineKafkaShare is the hand-written share-group consumer: each
+// poll's records to the workers, each accepted once the app answered 2xx,
+// the next poll once every record of the last is (the client would accept
+// the rest at it). The group is set to start at the earliest record first.
+func runBaselineKafkaShare(args []string) error {
+	fs := flag.NewFlagSet("baseline-kafka-share", flag.ContinueOnError)
+	brokers := fs.String("brokers", "", "brokers")
+	topic := fs.String("topic", "", "topic")
+	group := fs.String("group", "", "share group")
+	app := fs.String("app", "", "app URL")
+	workers := fs.Int("workers", 64, "workers")
+	max := fs.Int("max-records", 128, "records a poll")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(*brokers), kgo.ShareGroup(*group), kgo.ConsumeTopics(*topic),
+		kgo.ShareMaxRecords(int32(*max)), kgo.ShareMaxRecordsStrict())
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	if err := shareFromEarliest(context.Background(), cl, *group); err != nil {
+		return err
+	}
+	client := appClient(*workers)
+	work := make(chan *kgo.Record)
+	var batch sync.WaitGroup
+	for range *workers {
+		go func() {
+			for r := range work {
+				var sent string
+				for _, h := range r.Headers {
+					if h.Key == "x-sent" {
+						sent = string(h.Value)
+					}
+				}
+				for !postSent(client, *app, string(r.Key), sent, r.Value) {
+				}
+				r.Ack(kgo.AckAccept)
+				batch.Done()
+			}
+		}()
+	}
+	ctx := context.Background()
+	for {
+		f := cl.PollFetches(ctx)
+		if f.IsClientClosed() {
+			return nil
+		}
+		recs := f.Records()
+		batch.Add(len(recs))
+		for _, r := range recs {
+			work <- r
+		}
+		batch.Wait()
+	}
+}
+
+// shareFromEarliest sets the share group's share.auto.offset.reset to
+// earliest, as the sidecar's declare does: Kafka's default would skip the
+// preloaded records.
+func shareFromEarliest(ctx context.Context, cl *kgo.Client, group string) error {
+	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	r := kmsg.NewIncrementalAlterConfigsRequestResource()
+	r.ResourceType, r.ResourceName = kmsg.ConfigResourceTypeGroupConfig, group
+	c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+	c.Name, c.Op, c.Value = "share.auto.offset.reset", kmsg.IncrementalAlterConfigOpSet, kmsg.StringPtr("earliest")
+	r.Configs = append(r.Configs, c)
+	req.Resources = append(req.Resources, r)
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return err
+	}
+	for _, r := range resp.Resources {
+		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // profileEnv names the file a baseline writes its CPU profile to, when set.

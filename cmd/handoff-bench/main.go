@@ -34,6 +34,8 @@ func main() {
 			err = profiled(runBaselineRabbit, os.Args[2:])
 		case "baseline-kafka":
 			err = profiled(runBaselineKafka, os.Args[2:])
+		case "baseline-kafka-share":
+			err = profiled(runBaselineKafkaShare, os.Args[2:])
 		default:
 			err = runHarness(os.Args[1:])
 		}
@@ -215,6 +217,14 @@ func runHarness(args []string) error {
 		add(r, err)
 		r, err = kafkaSidecar(o, "none", false, true)
 		r.vsBase = ratio(r.rate, kbase.rate)
+		add(r, err)
+
+		// Through a share group, against a share consumer written on
+		// franz-go.
+		sbase, err := kafkaShareBaseline(o)
+		add(sbase, err)
+		r, err = kafkaShareSidecar(o)
+		r.vsBase = ratio(r.rate, sbase.rate)
 		add(r, err)
 
 		// The extra column: franz-go's embedded broker, in this process.

@@ -293,6 +293,15 @@ func kafkaBaselineCmd(o options, topic, run string) starter {
 	}
 }
 
+// kafkaShareBaselineCmd runs the hand-written share consumer; it polls as
+// many records as the sidecar's default window (twice max_concurrency).
+func kafkaShareBaselineCmd(o options, topic, run string) starter {
+	return func(a *app) (*exec.Cmd, func(), error) {
+		return baselineCmd(o, run, "baseline-kafka-share", "-brokers", o.kafka, "-topic", topic, "-group", topic+"-g", "-app", a.url,
+			"-max-records", "128"), func() {}, nil
+	}
+}
+
 // sidecarStarter runs the sidecar binary on one source; run names its
 // profile.
 func sidecarStarter(o options, run, source, sync string, batch bool) starter {
@@ -447,8 +456,9 @@ func kafkaTopic(o options, name string) (string, func(), error) {
 		defer cancel()
 		topics := []string{topic}
 		for _, g := range []string{topic + "-g"} {
-			topics = append(topics, topic+"."+g+".retry.1s", topic+"."+g+".dlq")
-			_, _ = adm.DeleteGroups(ctx, g)
+			topics = append(topics, topic+"."+g+".retry.1s", topic+"."+g+".dlq", topic+"."+g+".dlq.ledger")
+			// A share group's retry readers have a group of their own.
+			_, _ = adm.DeleteGroups(ctx, g, g+".retries", g+".handoff-marks")
 		}
 		_, _ = adm.DeleteTopics(ctx, topics...)
 		cl.Close()
@@ -483,6 +493,27 @@ func kafkaBaseline(o options) (row, error) {
 	}
 	defer cleanup()
 	return runConsumer(o, name, false, kafkaBaselineCmd(o, topic, o.kafkaName+" baseline"))
+}
+
+func kafkaShareBaseline(o options) (row, error) {
+	name := o.kafkaName + " share group baseline (hand-written franz-go)"
+	topic, cleanup, err := kafkaTopic(o, "sharebase")
+	if err != nil {
+		return row{name: name}, err
+	}
+	defer cleanup()
+	return runConsumer(o, name, false, kafkaShareBaselineCmd(o, topic, o.kafkaName+" share baseline"))
+}
+
+func kafkaShareSidecar(o options) (row, error) {
+	name := o.metricsName(o.kafkaName + " sidecar, share group, journal batch")
+	topic, cleanup, err := kafkaTopic(o, "sharesidecar")
+	if err != nil {
+		return row{name: name}, err
+	}
+	defer cleanup()
+	source := fmt.Sprintf("kafka: {brokers: [%q], topic: %q, share_group: %q}", o.kafka, topic, topic+"-g")
+	return runConsumer(o, name, false, sidecarStarter(o, name, source, "batch", false))
 }
 
 func kafkaSidecar(o options, ordering string, mixed, batch bool) (row, error) {

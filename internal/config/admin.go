@@ -30,6 +30,10 @@ func (c *Config) Notices() []string {
 		ns = append(ns, "admin API off: admin.token_file is not set (status and live event timelines are unavailable; `sidecar journal` still reads a stopped sidecar's journal)")
 	}
 	for i, s := range c.Sources {
+		if k := s.Kafka; k != nil && k.ShareGroup != "" {
+			ns = append(ns, fmt.Sprintf("sources[%d].kafka.share_group: %s — the brokers archive a record delivered share.delivery.count.limit times (Kafka's default 5) and give one held past share.record.lock.duration.ms (30 s) to another member; the sidecar reads both at start, moves a record on its last delivery to a retry tier uncalled, and renews a call's record past a third of the lock. Records come in no order; retries are read by the consumer group %s.retries",
+				i, k.ShareGroup, k.ShareGroup))
+		}
 		r := s.RabbitMQ
 		if r == nil || r.DeliveryLimit == nil {
 			continue

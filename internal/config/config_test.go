@@ -349,6 +349,10 @@ func TestKafkaShareGroup(t *testing.T) {
 			} else if k := c.Sources[0].Kafka; k.GroupName() != "workers" || k.InstanceID != "" {
 				t.Errorf("%s: group %q, instance id %q; want the share group and no static id", tt.kafka, k.GroupName(), k.InstanceID)
 			}
+			// validate says what the brokers' limits imply.
+			if n := strings.Join(c.Notices(), "\n"); !strings.Contains(n, "sources[0].kafka.share_group: workers — the brokers archive a record delivered share.delivery.count.limit times") {
+				t.Errorf("%s: notices %q, want the share group's limits explained", tt.kafka, n)
+			}
 			continue
 		}
 		for _, p := range tt.problems {
