@@ -102,7 +102,10 @@ journal: {path: %q}
 		if starts == maxStarts {
 			path := filepath.Join(os.TempDir(), "handoff-"+strings.ReplaceAll(t.Name(), "/", "-")+".log")
 			_ = os.WriteFile(path, logs.Bytes(), 0o644)
-			t.Fatalf("not settled after %d starts (%d killer calls); log in %s", starts, killerCalls, path)
+			mu.Lock()
+			calls := killerCalls
+			mu.Unlock()
+			t.Fatalf("not settled after %d starts (%d killer calls); log in %s", starts, calls, path)
 		}
 		starts++
 		cmd := exec.Command(bin, "run", "--config", cfgPath)

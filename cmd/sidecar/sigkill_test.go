@@ -163,11 +163,23 @@ func checkShareGroupDone(t *testing.T, brokers []string, topic, group string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		described[group].Offsets.Each(func(o kadm.ShareOffset) {
-			if o.Topic == topic && (o.Err != nil || o.Lag != 0) {
+		g := described[group]
+		if g.Err != nil {
+			left = append(left, fmt.Sprintf("the group: %v", g.Err))
+		}
+		seen := 0
+		g.Offsets.Each(func(o kadm.ShareOffset) {
+			if o.Topic != topic {
+				return
+			}
+			seen++
+			if o.Err != nil || o.Lag != 0 {
 				left = append(left, fmt.Sprintf("%s[%d]: lag %d (%v)", o.Topic, o.Partition, o.Lag, o.Err))
 			}
 		})
+		if seen != 3 { // the test topic's partitions
+			left = append(left, fmt.Sprintf("offsets of %d of the topic's 3 partitions", seen))
+		}
 		if len(left) == 0 || time.Now().After(deadline) {
 			break
 		}

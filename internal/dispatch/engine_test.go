@@ -46,12 +46,19 @@ func (d *fakeDelivery) record(e event) {
 }
 
 // fakeSource hands out its deliveries, then waits for ctx.
-type fakeSource struct{ ds []broker.Delivery }
+type fakeSource struct {
+	ds []broker.Delivery
+	// at is the index of the delivery being handed over (deliver not yet
+	// returned), then len(ds).
+	at atomic.Int32
+}
 
 func (s *fakeSource) Consume(ctx context.Context, deliver func(broker.Delivery)) error {
-	for _, d := range s.ds {
+	for i, d := range s.ds {
+		s.at.Store(int32(i))
 		deliver(d)
 	}
+	s.at.Store(int32(len(s.ds)))
 	<-ctx.Done()
 	return nil
 }

@@ -392,9 +392,13 @@ func TestFirstDeliveryWaitsForItsSlotAtAdmission(t *testing.T) {
 	if n := e.Status().Routes[0].InFlight; n != 0 {
 		t.Fatalf("%d walks started while the delivery waits for a slot; want none", n)
 	}
+	src := e.o.Routes[0].Sources[0].(*fakeSource)
+	if at := src.at.Load(); at != 0 {
+		t.Fatalf("the source is at delivery %d, want 0: the first waits for a slot", at)
+	}
 	close(gone.lost) // the channel went: its place in the queue goes too
 	testkit.Eventually(t, 30*time.Second, "the next delivery queued in its place", func() bool {
-		return e.limiter.Queued() == 1 && e.Status().Routes[0].InFlight == 0
+		return src.at.Load() == 1 && e.limiter.Queued() == 1 && e.Status().Routes[0].InFlight == 0
 	})
 	clock.Advance(time.Second) // ten deadlines, all spent waiting to be taken
 	e.limiter.Release(0)

@@ -320,7 +320,7 @@ func New(o Options) (*Client, error) {
 		}
 		c.cl = cl
 		if o.Share {
-			if c.share, err = newShareSource(c, o.Extra); err != nil {
+			if c.share, err = newShareSource(c); err != nil {
 				cl.Close()
 				return nil, err
 			}

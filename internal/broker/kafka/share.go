@@ -80,6 +80,11 @@ type ShareSource struct {
 	// start it at the brokers' default.
 	ready     chan struct{}
 	readyOnce sync.Once
+	// The renewer runs from the first Consume until close.
+	renewCtx  context.Context
+	stopRenew context.CancelFunc
+	renewOnce sync.Once
+	renewed   chan struct{}
 
 	mu sync.Mutex
 	// out holds this poll's records not yet acknowledged or released; the
@@ -93,8 +98,9 @@ type ShareSource struct {
 // Options.Share.
 func (c *Client) ShareSource() *ShareSource { return c.share }
 
-func newShareSource(c *Client, extra []kgo.Opt) (*ShareSource, error) {
-	s := &ShareSource{c: c, lost: make(chan struct{}), ready: make(chan struct{}), out: map[*shareDelivery]struct{}{}}
+func newShareSource(c *Client) (*ShareSource, error) {
+	s := &ShareSource{c: c, lost: make(chan struct{}), ready: make(chan struct{}), renewed: make(chan struct{}), out: map[*shareDelivery]struct{}{}}
+	s.renewCtx, s.stopRenew = context.WithCancel(context.Background())
 	s.limit.Store(defaultShareLimit)
 	s.lock.Store(int64(defaultShareLock))
 	opts := []kgo.Opt{
@@ -131,17 +137,18 @@ func (s *ShareSource) declare(ctx context.Context) error {
 	if s.c.o.StartAtEnd {
 		from = "latest"
 	}
-	if s.c.o.Declare {
-		changed, err := setShareStart(ctx, s.cl, s.c.o.Group, from)
-		switch {
-		case err != nil && ctx.Err() != nil:
-			return err
-		case err != nil:
-			s.c.log.Warn("kafka share group: could not set where it starts; a group that has consumed nothing starts where its config says (Kafka's default: the latest record, skipping what the topic holds)",
-				"config", shareConfigReset, "want", from, "err", err)
-		case changed:
-			s.c.log.Info("kafka share group: set to start at the "+from+" record when it has consumed nothing", "config", shareConfigReset)
-		}
+	was, changed, err := shareStart(ctx, s.cl, s.c.o.Group, from, s.c.o.Declare)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return err
+	case err != nil:
+		s.c.log.Warn("kafka share group: could not read or set where it starts; a group that has consumed nothing starts where its config says (Kafka's default: the latest record, skipping what the topic holds)",
+			"config", shareConfigReset, "want", from, "err", err)
+	case changed:
+		s.c.log.Info("kafka share group: set to start at the "+from+" record when it has consumed nothing", "config", shareConfigReset, "was", was)
+	case was != from:
+		s.c.log.Warn("kafka share group: it starts at the "+was+" record when it has consumed nothing, not at the "+from+" one start_from asks for, and declare is off: set the group's config, or turn declare on",
+			"config", shareConfigReset)
 	}
 	l, err := readShareLimits(ctx, s.cl, s.c.o.Group)
 	if err != nil {
@@ -157,6 +164,19 @@ func (s *ShareSource) declare(ctx context.Context) error {
 		"delivery_count_limit", l.Limit, "lock_duration", l.Lock, "read_from", l.From)
 	s.readyOnce.Do(func() { close(s.ready) })
 	return nil
+}
+
+// finalAt is the delivery on which a record is moved out uncalled: the
+// last but one before the brokers' limit, so that a stop that hands it back
+// before its walk began (a drain) still leaves it a delivery to be moved
+// out on; the last where the limit leaves no spare (a limit of 2, whose
+// first delivery must be called).
+func (s *ShareSource) finalAt() int32 {
+	limit := s.limit.Load()
+	if limit >= 3 {
+		return limit - 1
+	}
+	return limit
 }
 
 // Limits are the group's delivery limit and lock duration as last read.
@@ -195,10 +215,9 @@ func (s *ShareSource) Consume(ctx context.Context, deliver func(broker.Delivery)
 	case <-ctx.Done():
 		return nil
 	}
-	renewed := make(chan struct{})
-	renewCtx, stopRenew := context.WithCancel(ctx)
-	go func() { defer close(renewed); s.renewer(renewCtx) }()
-	defer func() { stopRenew(); <-renewed }()
+	// Renewals go on past a stop of intake, while the drain's calls run,
+	// until the client closes.
+	s.renewOnce.Do(func() { go func() { defer close(s.renewed); s.renewer(s.renewCtx) }() })
 	for {
 		fetches := s.cl.PollRecords(ctx, 0)
 		if ctx.Err() != nil || fetches.IsClientClosed() {
@@ -247,9 +266,16 @@ func (s *ShareSource) handOut(ds []*shareDelivery) <-chan struct{} {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.idle = make(chan struct{})
-	now := s.c.now()
+	now := s.c.now().UnixNano()
+	_, lock := s.Limits()
 	for _, d := range ds {
-		d.held.Store(now.UnixNano())
+		// Held since the poll, or since its acquisition when the brokers'
+		// deadline says it was earlier (fetched ahead of the poll).
+		held := now
+		if dl := d.r.AcquisitionDeadline(); !dl.IsZero() {
+			held = min(held, dl.Add(-lock).UnixNano())
+		}
+		d.held.Store(held)
 		s.out[d] = struct{}{}
 	}
 	return s.idle
@@ -296,23 +322,32 @@ func (s *ShareSource) renewer(ctx context.Context) {
 		}
 		now := s.c.now().UnixNano()
 		due := now - int64(lock/3)
-		renewed := false
+		var renewed []*shareDelivery
 		s.mu.Lock()
 		for d := range s.out {
 			if d.held.Load() <= due {
 				d.r.Ack(kgo.AckRenew)
-				d.held.Store(now)
-				d.renewals.Add(1)
-				renewed = true
+				renewed = append(renewed, d)
 			}
 		}
 		s.mu.Unlock()
-		if renewed {
-			fctx, cancel := context.WithTimeout(ctx, lock/3)
-			if err := s.cl.FlushAcks(fctx); err != nil && ctx.Err() == nil {
+		if len(renewed) == 0 {
+			continue
+		}
+		fctx, cancel := context.WithTimeout(ctx, lock/3)
+		err := s.cl.FlushAcks(fctx)
+		cancel()
+		if err != nil {
+			// Looked at again next time: a renewal the client has not
+			// sent is sent with the next flush.
+			if ctx.Err() == nil {
 				s.c.log.Warn("kafka share group: renewing the locks of records held past a third of the lock duration failed; another member may get them", "err", err)
 			}
-			cancel()
+			continue
+		}
+		for _, d := range renewed {
+			d.held.Store(now)
+			d.renewals.Add(1)
 		}
 	}
 }
@@ -328,6 +363,9 @@ func (s *ShareSource) Outstanding() int {
 // close sends the acknowledgements made and leaves the group; records
 // still held go back to it.
 func (s *ShareSource) close() {
+	s.stopRenew()
+	s.renewOnce.Do(func() { close(s.renewed) }) // never started
+	<-s.renewed
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := s.cl.FlushAcks(ctx); err != nil {
@@ -363,7 +401,7 @@ func (s *ShareSource) newDelivery(r *kgo.Record) *shareDelivery {
 	}
 	pos := position(r)
 	n := r.DeliveryCount()
-	limit := s.limit.Load()
+	final := s.finalAt()
 	d.msg = broker.Message{
 		Body:        r.Value,
 		ContentType: contentType,
@@ -376,9 +414,9 @@ func (s *ShareSource) newDelivery(r *kgo.Record) *shareDelivery {
 		// may have reached the app.
 		Redelivered:   n > 1,
 		DeliveryCount: int(n - 1),
-		// One more return and the brokers archive it, unseen by anyone:
-		// the engine moves it out without a call.
-		FinalDelivery: limit > 0 && n >= limit,
+		// Near the brokers' limit: the engine moves it out without a call
+		// (finalAt).
+		FinalDelivery: final > 0 && n >= final,
 	}
 	return d
 }
@@ -395,7 +433,9 @@ func (d *shareDelivery) Release() error { return d.s.finish(d, kgo.AckRelease) }
 func (d *shareDelivery) Lost() <-chan struct{} { return d.s.lost }
 
 // readShareLimits reads the group's delivery limit and lock duration: the
-// group's own configs, else the brokers' defaults, else Kafka's.
+// group's configs, which Kafka answers with the brokers' value where the
+// group sets none (source DEFAULT_CONFIG); else each broker's own config
+// (static or dynamic); else Kafka's defaults.
 func readShareLimits(ctx context.Context, cl *kgo.Client, group string) (ShareLimits, error) {
 	out := ShareLimits{Limit: defaultShareLimit, Lock: defaultShareLock, From: "defaults"}
 	req := kmsg.NewPtrDescribeConfigsRequest()
@@ -409,9 +449,13 @@ func readShareLimits(ctx context.Context, cl *kgo.Client, group string) (ShareLi
 		return out, fmt.Errorf("describe the share group's configs: %w", err)
 	}
 	limit, lock := "", ""
+	own := false // a value set on the group itself
 	for _, r := range resp.Resources {
+		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
+			return out, fmt.Errorf("describe the share group's configs: %w", err)
+		}
 		for _, c := range r.Configs {
-			if c.Value == nil || c.Source == kmsg.ConfigSourceDefaultConfig {
+			if c.Value == nil || *c.Value == "" {
 				continue
 			}
 			switch c.Name {
@@ -419,30 +463,39 @@ func readShareLimits(ctx context.Context, cl *kgo.Client, group string) (ShareLi
 				limit = *c.Value
 			case shareConfigLock:
 				lock = *c.Value
+			default:
+				continue
 			}
+			own = own || c.Source != kmsg.ConfigSourceDefaultConfig
 		}
 	}
 	if limit != "" || lock != "" {
-		out.From = "group"
+		out.From = "brokers"
+		if own {
+			out.From = "group"
+		}
 	}
 	if limit == "" || lock == "" {
-		bs, err := kadm.NewClient(cl).DescribeBrokerConfigs(ctx)
-		if err == nil {
-			for _, r := range bs {
-				for _, c := range r.Configs {
-					if c.Value == nil {
-						continue
-					}
-					switch {
-					case c.Key == shareDefaultsLimit && limit == "":
-						limit = *c.Value
-					case c.Key == shareDefaultsLock && lock == "":
-						lock = *c.Value
-					}
+		adm := kadm.NewClient(cl)
+		brokers, err := adm.ListBrokers(ctx)
+		if err != nil {
+			return out, fmt.Errorf("list the brokers: %w", err)
+		}
+		bs, err := adm.DescribeBrokerConfigs(ctx, brokers.NodeIDs()...)
+		if err != nil {
+			return out, fmt.Errorf("describe the brokers' configs: %w", err)
+		}
+		for _, r := range bs {
+			for _, c := range r.Configs {
+				if c.Value == nil || *c.Value == "" {
+					continue
 				}
-			}
-			if out.From == "defaults" && (limit != "" || lock != "") {
-				out.From = "brokers"
+				switch {
+				case c.Key == shareDefaultsLimit && limit == "":
+					limit, out.From = *c.Value, "brokers"
+				case c.Key == shareDefaultsLock && lock == "":
+					lock, out.From = *c.Value, "brokers"
+				}
 			}
 		}
 	}
@@ -455,11 +508,11 @@ func readShareLimits(ctx context.Context, cl *kgo.Client, group string) (ShareLi
 	return out, nil
 }
 
-// setShareStart makes the share group start where the source asks
-// ("earliest" or "latest") when it has consumed nothing yet: the brokers'
-// default, latest, would skip every record produced before the group's
-// first member joined. It is left alone when it says so already.
-func setShareStart(ctx context.Context, cl *kgo.Client, group, from string) (changed bool, err error) {
+// shareStart reads where the share group starts when it has consumed
+// nothing (its share.auto.offset.reset, Kafka's default latest) and, with
+// apply, sets it to from when it says otherwise: the default would skip
+// every record produced before the group's first member joined.
+func shareStart(ctx context.Context, cl *kgo.Client, group, from string, apply bool) (was string, changed bool, err error) {
 	req := kmsg.NewPtrDescribeConfigsRequest()
 	res := kmsg.NewDescribeConfigsRequestResource()
 	res.ResourceType = kmsg.ConfigResourceTypeGroupConfig
@@ -468,14 +521,21 @@ func setShareStart(ctx context.Context, cl *kgo.Client, group, from string) (cha
 	req.Resources = append(req.Resources, res)
 	resp, err := req.RequestWith(ctx, cl)
 	if err != nil {
-		return false, fmt.Errorf("describe the share group's configs: %w", err)
+		return "", false, fmt.Errorf("describe the share group's configs: %w", err)
 	}
+	was = "latest"
 	for _, r := range resp.Resources {
+		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
+			return "", false, fmt.Errorf("describe the share group's configs: %w", err)
+		}
 		for _, c := range r.Configs {
-			if c.Name == shareConfigReset && c.Value != nil && *c.Value == from && c.Source != kmsg.ConfigSourceDefaultConfig {
-				return false, nil
+			if c.Name == shareConfigReset && c.Value != nil && *c.Value != "" {
+				was = *c.Value
 			}
 		}
+	}
+	if was == from || !apply {
+		return was, false, nil
 	}
 	alter := kmsg.NewPtrIncrementalAlterConfigsRequest()
 	ar := kmsg.NewIncrementalAlterConfigsRequestResource()
@@ -489,14 +549,14 @@ func setShareStart(ctx context.Context, cl *kgo.Client, group, from string) (cha
 	alter.Resources = append(alter.Resources, ar)
 	aresp, err := alter.RequestWith(ctx, cl)
 	if err != nil {
-		return false, fmt.Errorf("set the share group's %s: %w", shareConfigReset, err)
+		return was, false, fmt.Errorf("set the share group's %s: %w", shareConfigReset, err)
 	}
 	for _, r := range aresp.Resources {
 		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
-			return false, fmt.Errorf("set the share group's %s: %w", shareConfigReset, err)
+			return was, false, fmt.Errorf("set the share group's %s: %w", shareConfigReset, err)
 		}
 	}
-	return true, nil
+	return was, true, nil
 }
 
 // shareBacklog is the share group's backlog on the source topic — the

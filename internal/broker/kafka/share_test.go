@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -49,7 +50,11 @@ func shareMember(t *testing.T, brokers []string, topic, group string, window int
 	ctx, cancel := context.WithCancel(context.Background())
 	out := make(chan broker.Delivery, 1024)
 	done := make(chan struct{})
-	go func() { defer close(done); _ = c.ShareSource().Consume(ctx, func(d broker.Delivery) { out <- d }) }()
+	go func() {
+		defer close(done)
+		defer close(out)
+		_ = c.ShareSource().Consume(ctx, func(d broker.Delivery) { out <- d })
+	}()
 	var once sync.Once
 	stop := func() { once.Do(func() { cancel(); <-done; _ = c.Close() }) }
 	t.Cleanup(stop)
@@ -69,20 +74,21 @@ func next(t *testing.T, ch <-chan broker.Delivery, within time.Duration) broker.
 
 // The group's limit and lock are read at declare, from the brokers when the
 // group sets none of its own; a record is flagged redelivered from its
-// second delivery, and its last one before the limit says so, so the engine
-// moves it out instead of calling it. A member that stops without settling
-// a record hands it back to the group.
+// second delivery, and the last but one before the limit says it is final,
+// so the engine moves it out instead of calling it, with a delivery to
+// spare. A member that stops without settling a record hands it back to
+// the group.
 func TestShareDeliveryCountAndLimit(t *testing.T) {
-	brokers := shareCluster(t, 2*time.Second, 3, "limited")
+	brokers := shareCluster(t, 2*time.Second, 4, "limited")
 	produce(t, brokers, &kgo.Record{Topic: "limited", Value: []byte("again")})
 	for n := 1; n <= 3; n++ {
 		c, ch, stop := shareMember(t, brokers, "limited", "g", 8)
-		if limit, lock := c.ShareSource().Limits(); limit != 3 || lock != 2*time.Second {
-			t.Fatalf("limits read: %d deliveries, lock %v; want the brokers' 3 and 2s", limit, lock)
+		if limit, lock := c.ShareSource().Limits(); limit != 4 || lock != 2*time.Second || c.ShareSource().LimitsRead() != "brokers" {
+			t.Fatalf("limits read: %d deliveries, lock %v, from %s; want the brokers' 4 and 2s", limit, lock, c.ShareSource().LimitsRead())
 		}
 		m := next(t, ch, 30*time.Second).Message()
 		if string(m.Body) != "again" || m.Redelivered != (n > 1) || m.DeliveryCount != n-1 || m.FinalDelivery != (n == 3) {
-			t.Fatalf("delivery %d: body %q, redelivered %v, count %d, final %v; want redelivered from the second, final on the third",
+			t.Fatalf("delivery %d: body %q, redelivered %v, count %d, final %v; want redelivered from the second, final on the third of four",
 				n, m.Body, m.Redelivered, m.DeliveryCount, m.FinalDelivery)
 		}
 		stop() // unsettled: closing the client gives it back
@@ -122,11 +128,6 @@ func TestShareLockRenewedWhileHeld(t *testing.T) {
 func TestShareMembersShareOnePartition(t *testing.T) {
 	brokers, topic := brokertest.KafkaTopic(t, "share-members", 1)
 	const n = 600
-	var recs []*kgo.Record
-	for i := range n {
-		recs = append(recs, &kgo.Record{Topic: topic, Value: []byte(strconv.Itoa(i))})
-	}
-	produce(t, brokers, recs...)
 	group := brokertest.KafkaGroup(topic)
 	var mu sync.Mutex
 	seen := map[string]int{}
@@ -144,6 +145,16 @@ func TestShareMembersShareOnePartition(t *testing.T) {
 			}
 		}()
 	}
+	// Produced once all three have joined: the first alone would otherwise
+	// take it all.
+	testkit.Eventually(t, 30*time.Second, "three members in the group", func() bool {
+		return shareMembers(t, brokers, group) == 3
+	})
+	var recs []*kgo.Record
+	for i := range n {
+		recs = append(recs, &kgo.Record{Topic: topic, Value: []byte(strconv.Itoa(i))})
+	}
+	produce(t, brokers, recs...)
 	testkit.Eventually(t, 60*time.Second, fmt.Sprintf("%d records handled", n), func() bool {
 		mu.Lock()
 		defer mu.Unlock()
@@ -187,4 +198,26 @@ func TestShareBacklog(t *testing.T) {
 		lag, _, err := c.Backlog(context.Background())
 		return err == nil && lag == 6
 	})
+}
+
+// shareMembers is how many members the share group has, with an
+// assignment.
+func shareMembers(t *testing.T, brokers []string, group string) int {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ds, err := kadm.NewClient(cl).DescribeShareGroups(context.Background(), group)
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, m := range ds[group].Members {
+		if len(m.Assignment) > 0 {
+			n++
+		}
+	}
+	return n
 }
