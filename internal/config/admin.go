@@ -31,7 +31,7 @@ func (c *Config) Notices() []string {
 	}
 	for i, s := range c.Sources {
 		if k := s.Kafka; k != nil && k.ShareGroup != "" {
-			ns = append(ns, fmt.Sprintf("sources[%d].kafka.share_group: %s — the brokers archive a record delivered share.delivery.count.limit times (Kafka's default 5) and give one held past share.record.lock.duration.ms (30 s) to another member; the sidecar reads both at start, moves a record on its last delivery to a retry tier uncalled, and renews a call's record past a third of the lock. Records come in no order; retries are read by the consumer group %s.retries",
+			ns = append(ns, fmt.Sprintf("sources[%d].kafka.share_group: %s — the brokers archive a record delivered share.delivery.count.limit times (Kafka's default 5) and give one held past share.record.lock.duration.ms (30 s) to another member; the sidecar reads both at start, moves a record on its last delivery but one to a retry tier uncalled (one to spare for a stop), and renews a call's record past a third of the lock. Records come in no order; retries are read by the consumer group %s.retries",
 				i, k.ShareGroup, k.ShareGroup))
 		}
 		r := s.RabbitMQ

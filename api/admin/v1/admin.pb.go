@@ -456,7 +456,7 @@ type ShareGroup struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// A record delivered this many times and not acknowledged is archived by
-	// the brokers; the sidecar moves a record on its last delivery out
+	// the brokers; the sidecar moves a record on its last delivery but one out
 	// uncalled.
 	DeliveryCountLimit int32 `protobuf:"varint,2,opt,name=delivery_count_limit,json=deliveryCountLimit,proto3" json:"delivery_count_limit,omitempty"`
 	// A record acquired is another member's after this unless renewed; the

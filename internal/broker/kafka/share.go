@@ -160,7 +160,7 @@ func (s *ShareSource) declare(ctx context.Context) error {
 	s.limit.Store(int32(l.Limit))
 	s.lock.Store(int64(l.Lock))
 	s.from.Store(&l.From)
-	s.c.log.Info("kafka share group: a record delivered this many times and not acknowledged is archived by the brokers; the sidecar moves it out on its last delivery instead, uncalled. A call longer than the lock is renewed while it runs",
+	s.c.log.Info("kafka share group: a record delivered this many times and not acknowledged is archived by the brokers; the sidecar moves it out uncalled on the delivery before (one to spare for a stop). A call longer than the lock is renewed while it runs",
 		"delivery_count_limit", l.Limit, "lock_duration", l.Lock, "read_from", l.From)
 	s.readyOnce.Do(func() { close(s.ready) })
 	return nil
