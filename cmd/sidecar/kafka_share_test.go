@@ -1,0 +1,164 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"handoff.dev/handoff/internal/testkit"
+)
+
+// Three sidecars, each with a journal and an app of its own, share a topic
+// of one partition through a share group — more members than partitions,
+// which a consumer group would leave two of idle — and each handles a
+// substantial part of it. One is SIGKILLed mid-stream: the records it held
+// go back to the group as its connection closes, the two others handle
+// them, flagged redelivered by the brokers' delivery count, and nothing is
+// lost; the group has nothing left at the end.
+func TestKafkaShareGroupThreeSidecarsOneKilled(t *testing.T) {
+	t.Parallel()
+	bin := sidecarBinary(t)
+	brokers, topic := realKafkaTopic(t, "share3", 1)
+	group := kafkaGroup(topic)
+	apps := make([]*app, 3)
+	for i := range apps {
+		apps[i] = newApp(t, func(w http.ResponseWriter, _ call, _ []call) {
+			time.Sleep(2 * time.Millisecond)
+			w.WriteHeader(http.StatusOK)
+		})
+	}
+	start := func(i int) (*exec.Cmd, *bytes.Buffer) {
+		path := writeFile(t, fmt.Sprintf(`handler: {url: %q, max_concurrency: 8}
+sources:
+  - name: shared
+    kafka: {brokers: [%q], topic: %q, share_group: %q}
+retry: {tiers: [1s]}
+telemetry: {metrics_listen: ""}
+journal: {path: %q}
+`, apps[i].url(), strings.Join(brokers, ","), topic, group, filepath.Join(t.TempDir(), fmt.Sprintf("sidecar-%d.db", i))))
+		var logs bytes.Buffer
+		cmd := exec.Command(bin, "run", "--config", path)
+		cmd.Stderr = &logs
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		return cmd, &logs
+	}
+	cmds := make([]*exec.Cmd, 3)
+	logs := make([]*bytes.Buffer, 3)
+	for i := range cmds {
+		cmds[i], logs[i] = start(i)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for i, l := range logs {
+				t.Logf("sidecar %d's log:\n%s", i, tail(l.String(), 30))
+			}
+		}
+	})
+	// The records come once the three have joined: the first alone would
+	// otherwise take the lot before the others are assigned.
+	testkit.Eventually(t, 60*time.Second, "three members assigned the partition", func() bool {
+		return shareGroupMembers(t, brokers, group) == 3
+	})
+	const n = 3000
+	var recs []*kgo.Record
+	for i := range n {
+		recs = append(recs, &kgo.Record{Topic: topic, Value: []byte(fmt.Sprint(i)),
+			Headers: []kgo.RecordHeader{{Key: "ce_id", Value: []byte(fmt.Sprintf("r-%05d", i))}}})
+	}
+	produceKafka(t, brokers, recs...)
+
+	calls := func() (all []call, per []int) {
+		for _, a := range apps {
+			c := a.allCalls()
+			all = append(all, c...)
+			per = append(per, len(c))
+		}
+		return all, per
+	}
+	testkit.Eventually(t, 60*time.Second, "a third of the records", func() bool { all, _ := calls(); return len(all) >= n/3 })
+	if err := cmds[0].Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmds[0].Wait()
+	_, atKill := calls()
+	killedAt := atKill[0] + atKill[1] + atKill[2]
+
+	seen := func() map[string]int {
+		all, _ := calls()
+		m := map[string]int{}
+		for _, c := range all {
+			m[c.Header.Get("Ce-Id")]++
+		}
+		return m
+	}
+	testkit.Eventually(t, 90*time.Second, "every record after the kill", func() bool { return len(seen()) == n })
+	checkShareGroupDone(t, brokers, topic, group, 1)
+	for _, i := range []int{1, 2} {
+		if err := cmds[i].Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		if err := cmds[i].Wait(); err != nil {
+			t.Errorf("sidecar %d exited with %v", i, err)
+		}
+	}
+
+	all, per := calls()
+	count := map[string]int{}
+	unflagged := 0
+	for _, c := range all {
+		id := c.Header.Get("Ce-Id")
+		if count[id]++; count[id] > 1 && c.Header.Get("Handoff-Redelivered") != "true" {
+			unflagged++
+		}
+	}
+	t.Logf("%d records on one partition, three sidecars, the first killed after %d calls (%v each): %d calls in all, %v each",
+		n, killedAt, atKill, len(all), per)
+	if killedAt >= n {
+		t.Fatal("the stream ended before the kill; the test proves nothing")
+	}
+	if unflagged != 0 {
+		t.Errorf("%d repeated calls did not say Handoff-Redelivered: true", unflagged)
+	}
+	// A substantial part each: at least a sixth of the calls made while all
+	// three ran (an even share is a third).
+	for i, k := range atKill {
+		if k < killedAt/6 {
+			t.Errorf("sidecar %d had made %d of the %d calls when the first was killed (%v); want each a substantial part", i, k, killedAt, atKill)
+		}
+	}
+}
+
+// shareGroupMembers is how many members of the share group have an
+// assignment.
+func shareGroupMembers(t *testing.T, brokers []string, group string) int {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ds, err := kadm.NewClient(cl).DescribeShareGroups(context.Background(), group)
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, m := range ds[group].Members {
+		if len(m.Assignment) > 0 {
+			n++
+		}
+	}
+	return n
+}
