@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"net/http"
 	"os"
@@ -14,8 +15,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/broker/kafka"
@@ -30,21 +33,65 @@ import (
 // limit; the brokers would archive the killing record, unseen by anyone,
 // on its third. It ends in the DLQ as delivery-limit instead, with its
 // evidence, and every healthy record is handled, none dead-lettered.
+//
+// On kfake the limit is the brokers'; on the local Kafka it is the group's
+// own config, which the sidecar reads at start.
 func TestCrashLoopUnderShareGroupDeliveryLimit(t *testing.T) {
 	t.Parallel()
-	bin := sidecarBinary(t)
-	const topic = "loop"
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topic), kfake.BrokerConfigs(map[string]string{
-		"group.share.delivery.count.limit":    "3",
-		"group.share.record.lock.duration.ms": "2000",
-		"group.share.session.timeout.ms":      "2000",
-		"share.record.lock.sweep.interval.ms": "50",
-	}))
+	t.Run("kfake", func(t *testing.T) {
+		t.Parallel()
+		const topic = "loop"
+		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topic), kfake.BrokerConfigs(map[string]string{
+			"group.share.delivery.count.limit":    "3",
+			"group.share.record.lock.duration.ms": "2000",
+			"group.share.session.timeout.ms":      "2000",
+			"share.record.lock.sweep.interval.ms": "50",
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(cluster.Close)
+		shareCrashLoop(t, cluster.ListenAddrs(), topic, "workers")
+	})
+	t.Run("apache", func(t *testing.T) {
+		t.Parallel()
+		brokers, topic := realKafkaTopic(t, "loop", 1)
+		group := kafkaGroup(topic)
+		setGroupConfig(t, brokers, group, "share.delivery.count.limit", "3")
+		shareCrashLoop(t, brokers, topic, group)
+	})
+}
+
+// setGroupConfig sets one config of group on the brokers.
+func setGroupConfig(t *testing.T, brokers []string, group, name, value string) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(cluster.Close)
-	brokers := cluster.ListenAddrs()
+	defer cl.Close()
+	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	r := kmsg.NewIncrementalAlterConfigsRequestResource()
+	r.ResourceType, r.ResourceName = kmsg.ConfigResourceTypeGroupConfig, group
+	c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+	c.Name, c.Op, c.Value = name, kmsg.IncrementalAlterConfigOpSet, kmsg.StringPtr(value)
+	r.Configs = append(r.Configs, c)
+	req.Resources = append(req.Resources, r)
+	resp, err := req.RequestWith(context.Background(), cl)
+	if err == nil {
+		for _, r := range resp.Resources {
+			if err = kerr.ErrorForCode(r.ErrorCode); err != nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		t.Fatalf("set %s of group %s: %v", name, group, err)
+	}
+}
+
+func shareCrashLoop(t *testing.T, brokers []string, topic, group string) {
+	bin := sidecarBinary(t)
 
 	var cur atomic.Pointer[exec.Cmd]
 	var mu sync.Mutex
@@ -70,11 +117,11 @@ func TestCrashLoopUnderShareGroupDeliveryLimit(t *testing.T) {
 	cfgPath := writeFile(t, fmt.Sprintf(`handler: {url: %q, max_concurrency: 8}
 sources:
   - name: loop
-    kafka: {brokers: [%q], topic: %q, share_group: workers}
+    kafka: {brokers: [%q], topic: %q, share_group: %q}
 retry: {max_attempts: 10, tiers: [%s], base: 50ms, cap: 200ms}
 telemetry: {metrics_listen: ""}
 journal: {path: %q}
-`, a.url(), strings.Join(brokers, ","), topic, killTier, filepath.Join(t.TempDir(), "handoff.db")))
+`, a.url(), strings.Join(brokers, ","), topic, group, killTier, filepath.Join(t.TempDir(), "handoff.db")))
 
 	var ids []string
 	var recs []*kgo.Record
@@ -88,7 +135,7 @@ journal: {path: %q}
 	}
 	produceKafka(t, brokers, recs...)
 
-	dlq := kafka.DeadLetterTopic(topic, "workers")
+	dlq := kafka.DeadLetterTopic(topic, group)
 	done := func() bool {
 		mu.Lock()
 		handled := len(succeeded)
@@ -138,6 +185,9 @@ journal: {path: %q}
 		cur.Store(nil)
 	}
 
+	if !strings.Contains(logs.String(), `"delivery_count_limit":3`) {
+		t.Errorf("the sidecar did not read the delivery limit of 3; log:\n%s", tail(logs.String(), 20))
+	}
 	var dead []string
 	for _, r := range readTopic(t, brokers, dlq) {
 		id, reason := header(r, broker.HeaderEventID), header(r, broker.HeaderDeadReason)
