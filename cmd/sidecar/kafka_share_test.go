@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -37,7 +36,7 @@ func TestKafkaShareGroupThreeSidecarsOneKilled(t *testing.T) {
 			w.WriteHeader(http.StatusOK)
 		})
 	}
-	start := func(i int) (*exec.Cmd, *bytes.Buffer) {
+	start := func(i int) (*exec.Cmd, *lockedBuffer) {
 		path := writeFile(t, fmt.Sprintf(`handler: {url: %q, max_concurrency: 8}
 sources:
   - name: shared
@@ -46,7 +45,7 @@ retry: {tiers: [1s]}
 telemetry: {metrics_listen: ""}
 journal: {path: %q}
 `, apps[i].url(), strings.Join(brokers, ","), topic, group, filepath.Join(t.TempDir(), fmt.Sprintf("sidecar-%d.db", i))))
-		var logs bytes.Buffer
+		var logs lockedBuffer
 		cmd := exec.Command(bin, "run", "--config", path)
 		cmd.Stderr = &logs
 		if err := cmd.Start(); err != nil {
@@ -56,7 +55,7 @@ journal: {path: %q}
 		return cmd, &logs
 	}
 	cmds := make([]*exec.Cmd, 3)
-	logs := make([]*bytes.Buffer, 3)
+	logs := make([]*lockedBuffer, 3)
 	for i := range cmds {
 		cmds[i], logs[i] = start(i)
 	}
@@ -161,4 +160,68 @@ func shareGroupMembers(t *testing.T, brokers []string, group string) int {
 		}
 	}
 	return n
+}
+
+// A call that outlives the record's lock keeps the record: its sidecar
+// renews the lock while the call runs, so the other member of the share
+// group never gets it, and it is handled once. The lock is set on the
+// group, 2 s, and the call takes 7 s.
+func TestKafkaShareGroupLongCallRenewed(t *testing.T) {
+	t.Parallel()
+	bin := sidecarBinary(t)
+	brokers, topic := realKafkaTopic(t, "renew", 1)
+	group := kafkaGroup(topic)
+	setGroupConfig(t, brokers, group, "share.record.lock.duration.ms", "2000")
+	const hold = 7 * time.Second
+	apps := make([]*app, 2)
+	for i := range apps {
+		apps[i] = newApp(t, func(w http.ResponseWriter, c call, _ []call) {
+			if c.Header.Get("Ce-Id") == "slow" {
+				time.Sleep(hold)
+			}
+			w.WriteHeader(http.StatusOK)
+		})
+	}
+	var logs [2]lockedBuffer
+	for i := range apps {
+		path := writeFile(t, fmt.Sprintf(`handler: {url: %q, timeout: 30s}
+sources:
+  - name: shared
+    kafka: {brokers: [%q], topic: %q, share_group: %q}
+retry: {tiers: [1s]}
+telemetry: {metrics_listen: ""}
+journal: {path: %q}
+`, apps[i].url(), strings.Join(brokers, ","), topic, group, filepath.Join(t.TempDir(), fmt.Sprintf("sidecar-%d.db", i))))
+		cmd := exec.Command(bin, "run", "--config", path)
+		cmd.Stderr = &logs[i]
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() })
+	}
+	testkit.Eventually(t, 60*time.Second, "both members assigned the partition", func() bool {
+		return shareGroupMembers(t, brokers, group) == 2
+	})
+	produceKafka(t, brokers, &kgo.Record{Topic: topic, Value: []byte("slow"), Headers: []kgo.RecordHeader{{Key: "ce_id", Value: []byte("slow")}}})
+	slowCalls := func() (n int, redelivered bool) {
+		for _, a := range apps {
+			for _, c := range a.allCalls() {
+				if c.Header.Get("Ce-Id") == "slow" {
+					n++
+					redelivered = redelivered || c.Header.Get("Handoff-Redelivered") == "true"
+				}
+			}
+		}
+		return n, redelivered
+	}
+	testkit.Eventually(t, 30*time.Second, "the slow call started", func() bool { n, _ := slowCalls(); return n >= 1 })
+	checkShareGroupDone(t, brokers, topic, group, 1) // waits up to 30 s for its accept
+	if n, redelivered := slowCalls(); n != 1 || redelivered {
+		t.Fatalf("the slow record was called %d times (redelivered: %v); want once, its lock renewed through the %v call", n, redelivered, hold)
+	}
+	for i := range logs {
+		if !strings.Contains(logs[i].String(), `"lock_duration":"2s"`) {
+			t.Errorf("sidecar %d did not read the group's lock of 2s; log:\n%s", i, tail(logs[i].String(), 20))
+		}
+	}
 }
