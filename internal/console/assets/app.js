@@ -436,10 +436,13 @@
     if (bl) drain = bl.converging ? (num(bl.messages) === 0 ? 'drained' : fmtDuration(bl.drain)) : 'not converging (μ ≤ λ)';
     const dl = s.deadLetters || {};
     const tiers = (s.retryTiers || []).map((t) => t.name + ' (' + fmtDuration(t.delay) + '): ' + (t.known ? num(t.waiting) + ' waiting' : 'unknown'));
+    const sg = s.shareGroup;
     return el('div', { class: 'card', 'data-source': s.name },
       el('h3', {}, s.name, ' ', badge(s.connected ? 'connected' : 'disconnected'), ' ', badge(s.state || 'unknown')),
       facts([
         ['Broker', s.broker + ': ' + s.from],
+        sg ? ['Share group', sg.name + ': archived after ' + num(sg.deliveryCountLimit) + ' deliveries, lock ' +
+          fmtDuration(sg.lockDuration) + ' (read from ' + (sg.readFrom || 'defaults') + '); retries read by ' + sg.retryGroup] : null,
         s.reason ? ['Why', s.reason] : null,
         ['In flight', num(s.inFlight)],
         ['Oldest unsettled', fmtDuration(s.oldestUnsettledAge)],
