@@ -112,24 +112,9 @@ func runBaselineKafka(args []string) error {
 		return err
 	}
 	defer cl.Close()
-	client := appClient(*workers)
 	work := make(chan *kgo.Record)
 	var batch sync.WaitGroup
-	for range *workers {
-		go func() {
-			for r := range work {
-				var sent string
-				for _, h := range r.Headers {
-					if h.Key == "x-sent" {
-						sent = string(h.Value)
-					}
-				}
-				for !postSent(client, *app, string(r.Key), sent, r.Value) {
-				}
-				batch.Done()
-			}
-		}()
-	}
+	postRecords(*workers, *app, work, func(*kgo.Record) { batch.Done() })
 	ctx := context.Background()
 	for {
 		f := cl.PollFetches(ctx)
@@ -170,25 +155,9 @@ func runBaselineKafkaShare(args []string) error {
 	if err := shareFromEarliest(context.Background(), cl, *group); err != nil {
 		return err
 	}
-	client := appClient(*workers)
 	work := make(chan *kgo.Record)
 	var batch sync.WaitGroup
-	for range *workers {
-		go func() {
-			for r := range work {
-				var sent string
-				for _, h := range r.Headers {
-					if h.Key == "x-sent" {
-						sent = string(h.Value)
-					}
-				}
-				for !postSent(client, *app, string(r.Key), sent, r.Value) {
-				}
-				r.Ack(kgo.AckAccept)
-				batch.Done()
-			}
-		}()
-	}
+	postRecords(*workers, *app, work, func(r *kgo.Record) { r.Ack(kgo.AckAccept); batch.Done() })
 	ctx := context.Background()
 	for {
 		f := cl.PollFetches(ctx)
@@ -225,6 +194,27 @@ func shareFromEarliest(ctx context.Context, cl *kgo.Client, group string) error 
 		}
 	}
 	return nil
+}
+
+// postRecords starts workers that post each record of work to the app until
+// it answers 2xx, then call done with it.
+func postRecords(workers int, app string, work <-chan *kgo.Record, done func(*kgo.Record)) {
+	client := appClient(workers)
+	for range workers {
+		go func() {
+			for r := range work {
+				var sent string
+				for _, h := range r.Headers {
+					if h.Key == "x-sent" {
+						sent = string(h.Value)
+					}
+				}
+				for !postSent(client, app, string(r.Key), sent, r.Value) {
+				}
+				done(r)
+			}
+		}()
+	}
 }
 
 // profileEnv names the file a baseline writes its CPU profile to, when set.

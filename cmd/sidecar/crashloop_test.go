@@ -120,48 +120,7 @@ journal: {path: %q}
 		return true
 	}
 	var logs bytes.Buffer
-	const maxStarts = 20
-	starts := 0
-	for !done() {
-		if starts == maxStarts {
-			path := filepath.Join(os.TempDir(), "handoff-"+strings.ReplaceAll(t.Name(), "/", "-")+".log")
-			_ = os.WriteFile(path, logs.Bytes(), 0o644)
-			mu.Lock()
-			calls := killerCalls
-			mu.Unlock()
-			t.Fatalf("not settled after %d starts (%d killer calls); log in %s", starts, calls, path)
-		}
-		starts++
-		cmd := exec.Command(bin, "run", "--config", cfgPath)
-		cmd.Stderr = &logs
-		// Published only once started: the app's handler reads cmd.Process,
-		// which Start writes.
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		cur.Store(cmd)
-		exited := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(exited) }()
-		// Until the app kills it, or nothing is left to do. A message the
-		// queue dropped leaves it waiting for nothing: that is the failure.
-		idleUntil := time.Now().Add(30 * time.Second)
-		for stop := false; !stop; {
-			select {
-			case <-exited:
-				stop = true
-			case <-time.After(100 * time.Millisecond):
-				if done() || time.Now().After(idleUntil) {
-					_ = cmd.Process.Signal(syscall.SIGTERM)
-					<-exited
-					stop = true
-				}
-			}
-		}
-		if !done() && time.Now().After(idleUntil) {
-			break // reported below: what was lost, what was dead-lettered
-		}
-		cur.Store(nil)
-	}
+	starts := restartUntil(t, bin, cfgPath, &cur, &logs, done, func() int { mu.Lock(); defer mu.Unlock(); return killerCalls })
 
 	var dead []string
 	for _, d := range readStream(t, conn, dlq) {
@@ -211,4 +170,54 @@ func limitQueue(t *testing.T, conn *amqp.Connection, q string, limit int) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// restartUntil runs the sidecar on cfgPath and starts it again each time it
+// exits (the app kills it), as a pod's container restarts, until done holds
+// or one run sits idle for 30 s (something the broker dropped leaves it
+// waiting for nothing: the caller's checks then say what is missing). cur
+// is the run in progress, for the app to kill; calls says how often the
+// killing message was called, for the failure of a loop that never ends.
+// It returns the number of starts.
+func restartUntil(t *testing.T, bin, cfgPath string, cur *atomic.Pointer[exec.Cmd], logs *bytes.Buffer, done func() bool, calls func() int) int {
+	t.Helper()
+	const maxStarts = 20
+	starts := 0
+	for !done() {
+		if starts == maxStarts {
+			path := filepath.Join(os.TempDir(), "handoff-"+strings.ReplaceAll(t.Name(), "/", "-")+".log")
+			_ = os.WriteFile(path, logs.Bytes(), 0o644)
+			t.Fatalf("not settled after %d starts (%d killer calls); log in %s", starts, calls(), path)
+		}
+		starts++
+		cmd := exec.Command(bin, "run", "--config", cfgPath)
+		cmd.Stderr = logs
+		// Published only once started: the app's handler reads cmd.Process,
+		// which Start writes.
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cur.Store(cmd)
+		exited := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(exited) }()
+		// Until the app kills it, or nothing is left to do.
+		idleUntil := time.Now().Add(30 * time.Second)
+		for stop := false; !stop; {
+			select {
+			case <-exited:
+				stop = true
+			case <-time.After(100 * time.Millisecond):
+				if done() || time.Now().After(idleUntil) {
+					_ = cmd.Process.Signal(syscall.SIGTERM)
+					<-exited
+					stop = true
+				}
+			}
+		}
+		cur.Store(nil)
+		if !done() && time.Now().After(idleUntil) {
+			break
+		}
+	}
+	return starts
 }

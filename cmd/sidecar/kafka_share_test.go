@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"os/exec"
@@ -11,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"handoff.dev/handoff/internal/broker/brokertest"
 	"handoff.dev/handoff/internal/testkit"
 )
 
@@ -69,7 +68,7 @@ journal: {path: %q}
 	// The records come once the three have joined: the first alone would
 	// otherwise take the lot before the others are assigned.
 	testkit.Eventually(t, 60*time.Second, "three members assigned the partition", func() bool {
-		return shareGroupMembers(t, brokers, group) == 3
+		return brokertest.KafkaShareMembers(t, brokers, group) == 3
 	})
 	const n = 3000
 	var recs []*kgo.Record
@@ -140,28 +139,6 @@ journal: {path: %q}
 	}
 }
 
-// shareGroupMembers is how many members of the share group have an
-// assignment.
-func shareGroupMembers(t *testing.T, brokers []string, group string) int {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ds, err := kadm.NewClient(cl).DescribeShareGroups(context.Background(), group)
-	if err != nil {
-		return 0
-	}
-	n := 0
-	for _, m := range ds[group].Members {
-		if len(m.Assignment) > 0 {
-			n++
-		}
-	}
-	return n
-}
-
 // A call that outlives the record's lock keeps the record: its sidecar
 // renews the lock while the call runs, so the other member of the share
 // group never gets it, and it is handled once. The lock is set on the
@@ -200,7 +177,7 @@ journal: {path: %q}
 		t.Cleanup(func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() })
 	}
 	testkit.Eventually(t, 60*time.Second, "both members assigned the partition", func() bool {
-		return shareGroupMembers(t, brokers, group) == 2
+		return brokertest.KafkaShareMembers(t, brokers, group) == 2
 	})
 	produceKafka(t, brokers, &kgo.Record{Topic: topic, Value: []byte("slow"), Headers: []kgo.RecordHeader{{Key: "ce_id", Value: []byte("slow")}}})
 	slowCalls := func() (n int, redelivered bool) {

@@ -110,19 +110,22 @@ func TestAFailingPartStopsTheSidecar(t *testing.T) {
 	if _, err := http.Get("http://" + s.health + "/healthz"); err == nil {
 		t.Error("the health server still answers after serve returned")
 	}
-	// Intake stopped with the rest: no one consumes the queue any more.
+	// Intake stopped with the rest: no one consumes the queue any more. The
+	// connection is closed by the time serve returns; the queue's count of
+	// consumers follows a moment later, as the broker's queue process hears
+	// of it, so it is waited for.
 	ch, err := conn.Channel()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ch.Close()
 	for _, name := range []string{q, rabbitmq.RetryQueue(q)} {
-		st, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st.Consumers != 0 {
-			t.Errorf("%s still has %d consumers after serve returned", name, st.Consumers)
-		}
+		testkit.Eventually(t, 10*time.Second, name+" without consumers after serve returned", func() bool {
+			st, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return st.Consumers == 0
+		})
 	}
 }

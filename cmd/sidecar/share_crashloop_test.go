@@ -143,47 +143,7 @@ journal: {path: %q}
 		return handled >= len(ids)-1 && len(readTopic(t, brokers, dlq)) > 0
 	}
 	var logs bytes.Buffer
-	const maxStarts = 20
-	starts := 0
-	for !done() {
-		if starts == maxStarts {
-			path := filepath.Join(os.TempDir(), "handoff-"+strings.ReplaceAll(t.Name(), "/", "-")+".log")
-			_ = os.WriteFile(path, logs.Bytes(), 0o644)
-			mu.Lock()
-			calls := killerCalls
-			mu.Unlock()
-			t.Fatalf("not settled after %d starts (%d killer calls); log in %s", starts, calls, path)
-		}
-		starts++
-		cmd := exec.Command(bin, "run", "--config", cfgPath)
-		cmd.Stderr = &logs
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		cur.Store(cmd)
-		exited := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(exited) }()
-		// Until the app kills it, or nothing is left to do. A record the
-		// brokers archived leaves it waiting for nothing: that is the
-		// failure.
-		idleUntil := time.Now().Add(30 * time.Second)
-		for stop := false; !stop; {
-			select {
-			case <-exited:
-				stop = true
-			case <-time.After(100 * time.Millisecond):
-				if done() || time.Now().After(idleUntil) {
-					_ = cmd.Process.Signal(syscall.SIGTERM)
-					<-exited
-					stop = true
-				}
-			}
-		}
-		if !done() && time.Now().After(idleUntil) {
-			break // reported below
-		}
-		cur.Store(nil)
-	}
+	starts := restartUntil(t, bin, cfgPath, &cur, &logs, done, func() int { mu.Lock(); defer mu.Unlock(); return killerCalls })
 
 	if !strings.Contains(logs.String(), `"delivery_count_limit":3`) {
 		t.Errorf("the sidecar did not read the delivery limit of 3; log:\n%s", tail(logs.String(), 20))

@@ -109,3 +109,25 @@ func Produce(t *testing.T, brokers []string, recs ...*kgo.Record) {
 		t.Fatal(err)
 	}
 }
+
+// KafkaShareMembers is how many members of the share group have an
+// assignment; 0 while it cannot be described.
+func KafkaShareMembers(t *testing.T, brokers []string, group string) int {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ds, err := kadm.NewClient(cl).DescribeShareGroups(context.Background(), group)
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, m := range ds[group].Members {
+		if len(m.Assignment) > 0 {
+			n++
+		}
+	}
+	return n
+}

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -148,7 +147,7 @@ func TestShareMembersShareOnePartition(t *testing.T) {
 	// Produced once all three have joined: the first alone would otherwise
 	// take it all.
 	testkit.Eventually(t, 30*time.Second, "three members in the group", func() bool {
-		return shareMembers(t, brokers, group) == 3
+		return brokertest.KafkaShareMembers(t, brokers, group) == 3
 	})
 	var recs []*kgo.Record
 	for i := range n {
@@ -198,26 +197,4 @@ func TestShareBacklog(t *testing.T) {
 		lag, _, err := c.Backlog(context.Background())
 		return err == nil && lag == 6
 	})
-}
-
-// shareMembers is how many members the share group has, with an
-// assignment.
-func shareMembers(t *testing.T, brokers []string, group string) int {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ds, err := kadm.NewClient(cl).DescribeShareGroups(context.Background(), group)
-	if err != nil {
-		return 0
-	}
-	n := 0
-	for _, m := range ds[group].Members {
-		if len(m.Assignment) > 0 {
-			n++
-		}
-	}
-	return n
 }
