@@ -203,12 +203,13 @@ func (s *ShareSource) acked(_ *kgo.Client, rs kgo.ShareAckResults) {
 }
 
 // Consume polls the share group until ctx is done and calls deliver for
-// each record, from this goroutine, once Client.Declare has succeeded. A poll takes at most MaxInFlight
-// records, and the next poll waits until each of them is acknowledged or
-// released: the client accepts, at its next poll, every record of the
-// previous one still unacknowledged, which would settle records whose next
-// owner does not have them yet. While they are worked on, records held
-// for more than a third of the lock duration are renewed.
+// each record, from this goroutine, once Client.Declare has succeeded. A
+// poll takes at most MaxInFlight records, and the next poll waits until
+// each of them is acknowledged or released: the client accepts, at its
+// next poll, every record of the previous one still unacknowledged, which
+// would settle records whose next owner does not have them yet. While they
+// are worked on, records held for more than a third of the lock duration
+// are renewed. Records polled when ctx ends are released by Close.
 func (s *ShareSource) Consume(ctx context.Context, deliver func(broker.Delivery)) error {
 	select {
 	case <-s.ready: // Client.Declare
