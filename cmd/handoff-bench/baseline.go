@@ -13,9 +13,9 @@ import (
 	"syscall"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"handoff.dev/handoff/internal/broker/kafka"
 )
 
 // The baselines are the consumers a team would write on the raw client
@@ -152,7 +152,9 @@ func runBaselineKafkaShare(args []string) error {
 		return err
 	}
 	defer cl.Close()
-	if err := shareFromEarliest(context.Background(), cl, *group); err != nil {
+	// As the sidecar's declare does: Kafka's default would skip the
+	// preloaded records.
+	if err := kafka.SetGroupConfig(context.Background(), cl, *group, "share.auto.offset.reset", "earliest"); err != nil {
 		return err
 	}
 	work := make(chan *kgo.Record)
@@ -171,29 +173,6 @@ func runBaselineKafkaShare(args []string) error {
 		}
 		batch.Wait()
 	}
-}
-
-// shareFromEarliest sets the share group's share.auto.offset.reset to
-// earliest, as the sidecar's declare does: Kafka's default would skip the
-// preloaded records.
-func shareFromEarliest(ctx context.Context, cl *kgo.Client, group string) error {
-	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
-	r := kmsg.NewIncrementalAlterConfigsRequestResource()
-	r.ResourceType, r.ResourceName = kmsg.ConfigResourceTypeGroupConfig, group
-	c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
-	c.Name, c.Op, c.Value = "share.auto.offset.reset", kmsg.IncrementalAlterConfigOpSet, kmsg.StringPtr("earliest")
-	r.Configs = append(r.Configs, c)
-	req.Resources = append(req.Resources, r)
-	resp, err := req.RequestWith(ctx, cl)
-	if err != nil {
-		return err
-	}
-	for _, r := range resp.Resources {
-		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // postRecords starts workers that post each record of work to the app until

@@ -61,28 +61,7 @@ func crashLoopRun(t *testing.T, bin string, killAfter time.Duration) {
 	// as here, to the source queue only (Q.retry is declared without one).
 	limitQueue(t, conn, q, crashLoopLimit)
 
-	var cur atomic.Pointer[exec.Cmd]
-	var mu sync.Mutex
-	succeeded := map[string]int{}
-	killerCalls := 0
-	a := newApp(t, func(w http.ResponseWriter, c call, _ []call) {
-		id := c.Header.Get("Ce-Id")
-		if id == "killer" {
-			mu.Lock()
-			killerCalls++
-			mu.Unlock()
-			time.Sleep(killAfter)
-			if cmd := cur.Load(); cmd != nil {
-				_ = cmd.Process.Signal(syscall.SIGKILL)
-			}
-			return
-		}
-		time.Sleep(5 * time.Millisecond) // in flight together
-		mu.Lock()
-		succeeded[id]++
-		mu.Unlock()
-		w.WriteHeader(http.StatusOK)
-	})
+	a := newKillerApp(t, killAfter)
 	cfgPath := writeFile(t, fmt.Sprintf(`handler: {url: %q, max_concurrency: 8}
 sources:
   - name: loop
@@ -106,9 +85,7 @@ journal: {path: %q}
 
 	dlq := rabbitmq.DeadLetterQueue(q)
 	done := func() bool {
-		mu.Lock()
-		handled := len(succeeded)
-		mu.Unlock()
+		handled := a.handled()
 		if handled < len(ids)-1 || len(readStream(t, conn, dlq)) == 0 {
 			return false
 		}
@@ -120,7 +97,7 @@ journal: {path: %q}
 		return true
 	}
 	var logs bytes.Buffer
-	starts := restartUntil(t, bin, cfgPath, &cur, &logs, done, func() int { mu.Lock(); defer mu.Unlock(); return killerCalls })
+	starts := restartUntil(t, bin, cfgPath, a, &logs, done)
 
 	var dead []string
 	for _, d := range readStream(t, conn, dlq) {
@@ -140,14 +117,12 @@ journal: {path: %q}
 	if len(dead) != 1 {
 		t.Errorf("dead letters %v, want the killing message once", dead)
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	for _, id := range ids {
-		if id != "killer" && succeeded[id] == 0 {
+		if id != "killer" && !a.succeeded(id) {
 			t.Errorf("lost: %s was never handled", id)
 		}
 	}
-	t.Logf("%d starts, %d calls of the killing message, dead letters %v", starts, killerCalls, dead)
+	t.Logf("%d starts, %d calls of the killing message, dead letters %v", starts, a.killerCalls(), dead)
 }
 
 // deliveryCountHeaderName is the header a quorum queue counts deliveries in.
@@ -172,14 +147,65 @@ func limitQueue(t *testing.T, conn *amqp.Connection, q string, limit int) {
 	}
 }
 
+// killerApp is the crash loops' app: the message "killer" SIGKILLs the
+// sidecar in its call (after killAfter), every other one succeeds after
+// 5 ms, so that several are in flight together.
+type killerApp struct {
+	*app
+	cur   atomic.Pointer[exec.Cmd] // the sidecar running now, for the killer to kill
+	mu    sync.Mutex
+	ok    map[string]int // successes by id
+	calls int            // of the killer
+}
+
+func newKillerApp(t *testing.T, killAfter time.Duration) *killerApp {
+	k := &killerApp{ok: map[string]int{}}
+	k.app = newApp(t, func(w http.ResponseWriter, c call, _ []call) {
+		id := c.Header.Get("Ce-Id")
+		if id == "killer" {
+			k.mu.Lock()
+			k.calls++
+			k.mu.Unlock()
+			time.Sleep(killAfter)
+			if cmd := k.cur.Load(); cmd != nil {
+				_ = cmd.Process.Signal(syscall.SIGKILL)
+			}
+			return
+		}
+		time.Sleep(5 * time.Millisecond) // in flight together
+		k.mu.Lock()
+		k.ok[id]++
+		k.mu.Unlock()
+		w.WriteHeader(http.StatusOK)
+	})
+	return k
+}
+
+// handled is how many messages succeeded; succeeded whether id did.
+func (k *killerApp) handled() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.ok)
+}
+
+func (k *killerApp) succeeded(id string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.ok[id] > 0
+}
+
+func (k *killerApp) killerCalls() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.calls
+}
+
 // restartUntil runs the sidecar on cfgPath and starts it again each time it
-// exits (the app kills it), as a pod's container restarts, until done holds
-// or one run sits idle for 30 s (something the broker dropped leaves it
-// waiting for nothing: the caller's checks then say what is missing). cur
-// is the run in progress, for the app to kill; calls says how often the
-// killing message was called, for the failure of a loop that never ends.
+// exits (a's killer kills it), as a pod's container restarts, until done
+// holds or one run sits idle for 30 s (something the broker dropped leaves
+// it waiting for nothing: the caller's checks then say what is missing).
 // It returns the number of starts.
-func restartUntil(t *testing.T, bin, cfgPath string, cur *atomic.Pointer[exec.Cmd], logs *bytes.Buffer, done func() bool, calls func() int) int {
+func restartUntil(t *testing.T, bin, cfgPath string, a *killerApp, logs *bytes.Buffer, done func() bool) int {
 	t.Helper()
 	const maxStarts = 20
 	starts := 0
@@ -187,7 +213,7 @@ func restartUntil(t *testing.T, bin, cfgPath string, cur *atomic.Pointer[exec.Cm
 		if starts == maxStarts {
 			path := filepath.Join(os.TempDir(), "handoff-"+strings.ReplaceAll(t.Name(), "/", "-")+".log")
 			_ = os.WriteFile(path, logs.Bytes(), 0o644)
-			t.Fatalf("not settled after %d starts (%d killer calls); log in %s", starts, calls(), path)
+			t.Fatalf("not settled after %d starts (%d killer calls); log in %s", starts, a.killerCalls(), path)
 		}
 		starts++
 		cmd := exec.Command(bin, "run", "--config", cfgPath)
@@ -197,7 +223,7 @@ func restartUntil(t *testing.T, bin, cfgPath string, cur *atomic.Pointer[exec.Cm
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		cur.Store(cmd)
+		a.cur.Store(cmd)
 		exited := make(chan struct{})
 		go func() { _ = cmd.Wait(); close(exited) }()
 		// Until the app kills it, or nothing is left to do.
@@ -214,7 +240,7 @@ func restartUntil(t *testing.T, bin, cfgPath string, cur *atomic.Pointer[exec.Cm
 				}
 			}
 		}
-		cur.Store(nil)
+		a.cur.Store(nil)
 		if !done() && time.Now().After(idleUntil) {
 			break
 		}

@@ -4,21 +4,13 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
-	"syscall"
 	"testing"
-	"time"
 
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/broker/kafka"
@@ -70,50 +62,15 @@ func setGroupConfig(t *testing.T, brokers []string, group, name, value string) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
-	r := kmsg.NewIncrementalAlterConfigsRequestResource()
-	r.ResourceType, r.ResourceName = kmsg.ConfigResourceTypeGroupConfig, group
-	c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
-	c.Name, c.Op, c.Value = name, kmsg.IncrementalAlterConfigOpSet, kmsg.StringPtr(value)
-	r.Configs = append(r.Configs, c)
-	req.Resources = append(req.Resources, r)
-	resp, err := req.RequestWith(context.Background(), cl)
-	if err == nil {
-		for _, r := range resp.Resources {
-			if err = kerr.ErrorForCode(r.ErrorCode); err != nil {
-				break
-			}
-		}
-	}
-	if err != nil {
-		t.Fatalf("set %s of group %s: %v", name, group, err)
+	if err := kafka.SetGroupConfig(context.Background(), cl, group, name, value); err != nil {
+		t.Fatal(err)
 	}
 }
 
 func shareCrashLoop(t *testing.T, brokers []string, topic, group string) {
 	bin := sidecarBinary(t)
 
-	var cur atomic.Pointer[exec.Cmd]
-	var mu sync.Mutex
-	succeeded := map[string]int{}
-	killerCalls := 0
-	a := newApp(t, func(w http.ResponseWriter, c call, _ []call) {
-		id := c.Header.Get("Ce-Id")
-		if id == "killer" {
-			mu.Lock()
-			killerCalls++
-			mu.Unlock()
-			if cmd := cur.Load(); cmd != nil {
-				_ = cmd.Process.Signal(syscall.SIGKILL)
-			}
-			return
-		}
-		time.Sleep(5 * time.Millisecond) // in flight together
-		mu.Lock()
-		succeeded[id]++
-		mu.Unlock()
-		w.WriteHeader(http.StatusOK)
-	})
+	a := newKillerApp(t, 0)
 	cfgPath := writeFile(t, fmt.Sprintf(`handler: {url: %q, max_concurrency: 8}
 sources:
   - name: loop
@@ -137,13 +94,11 @@ journal: {path: %q}
 
 	dlq := kafka.DeadLetterTopic(topic, group)
 	done := func() bool {
-		mu.Lock()
-		handled := len(succeeded)
-		mu.Unlock()
+		handled := a.handled()
 		return handled >= len(ids)-1 && len(readTopic(t, brokers, dlq)) > 0
 	}
 	var logs bytes.Buffer
-	starts := restartUntil(t, bin, cfgPath, &cur, &logs, done, func() int { mu.Lock(); defer mu.Unlock(); return killerCalls })
+	starts := restartUntil(t, bin, cfgPath, a, &logs, done)
 
 	if !strings.Contains(logs.String(), `"delivery_count_limit":3`) {
 		t.Errorf("the sidecar did not read the delivery limit of 3; log:\n%s", tail(logs.String(), 20))
@@ -165,14 +120,12 @@ journal: {path: %q}
 	if len(dead) != 1 {
 		t.Errorf("dead letters %v, want the killing record once", dead)
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	for _, id := range ids {
-		if id != "killer" && succeeded[id] == 0 {
+		if id != "killer" && !a.succeeded(id) {
 			t.Errorf("lost: %s was never handled", id)
 		}
 	}
-	t.Logf("%d starts, %d calls of the killing record, dead letters %v", starts, killerCalls, dead)
+	t.Logf("%d starts, %d calls of the killing record, dead letters %v", starts, a.killerCalls(), dead)
 	if t.Failed() {
 		path := filepath.Join(os.TempDir(), "handoff-"+strings.ReplaceAll(t.Name(), "/", "-")+".log")
 		_ = os.WriteFile(path, logs.Bytes(), 0o644)

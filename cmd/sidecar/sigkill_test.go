@@ -22,6 +22,7 @@ import (
 	"handoff.dev/handoff/internal/broker/brokertest"
 	"handoff.dev/handoff/internal/broker/kafka"
 	"handoff.dev/handoff/internal/broker/rabbitmq"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // The SIGKILL tests kill the real binary several times during a mixed
@@ -157,11 +158,12 @@ func checkShareGroupDone(t *testing.T, brokers []string, topic, group string, pa
 	}
 	defer cl.Close()
 	var left []string
-	for deadline := time.Now().Add(30 * time.Second); ; {
+	testkit.Wait(30*time.Second, func() bool {
 		left = left[:0]
 		described, err := kadm.NewClient(cl).DescribeShareGroupOffsets(context.Background(), group)
 		if err != nil {
-			t.Fatal(err)
+			left = append(left, err.Error())
+			return false
 		}
 		g := described[group]
 		if g.Err != nil {
@@ -180,11 +182,8 @@ func checkShareGroupDone(t *testing.T, brokers []string, topic, group string, pa
 		if seen != partitions {
 			left = append(left, fmt.Sprintf("offsets of %d of the topic's %d partitions", seen, partitions))
 		}
-		if len(left) == 0 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return len(left) == 0
+	})
 	for _, l := range left {
 		t.Errorf("share group %s has records left: %s", group, l)
 	}

@@ -74,8 +74,9 @@ const (
 // Durable is closed once the record's handed-out mark is in the journal.
 func (d *delivery) Durable() <-chan struct{} { return d.durable }
 
-func (c *Client) newDelivery(st *partition, r *kgo.Record) *delivery {
-	d := &delivery{c: c, st: st, r: r}
+// recordMessage is r as a message: its body, key, headers (the content
+// type among them) and its position, which is its origin too.
+func recordMessage(r *kgo.Record) broker.Message {
 	h := make(broker.Headers, len(r.Headers))
 	var contentType string
 	for _, kv := range r.Headers {
@@ -85,6 +86,11 @@ func (c *Client) newDelivery(st *partition, r *kgo.Record) *delivery {
 		}
 	}
 	pos := position(r)
+	return broker.Message{Body: r.Value, ContentType: contentType, Key: r.Key, Headers: h, Position: pos, Origin: pos, Native: r}
+}
+
+func (c *Client) newDelivery(st *partition, r *kgo.Record) *delivery {
+	d := &delivery{c: c, st: st, r: r, msg: recordMessage(r)}
 	var order string
 	if !c.retry[r.Topic] {
 		switch c.o.Ordering {
@@ -96,20 +102,11 @@ func (c *Client) newDelivery(st *partition, r *kgo.Record) *delivery {
 			order = r.Topic + "/" + strconv.Itoa(int(r.Partition)) + "/" + string(r.Key)
 		}
 	}
-	d.msg = broker.Message{
-		OrderKey:    order,
-		Body:        r.Value,
-		ContentType: contentType,
-		Key:         r.Key,
-		Headers:     h,
-		Position:    pos,
-		Origin:      pos,
-		Copy:        c.retry[r.Topic],
-		Native:      r,
-		// At or below the mark found at assignment: handed out before this
-		// assignment, by this journal's sidecar, perhaps to the app.
-		Redelivered: r.Offset <= st.handedBefore,
-	}
+	d.msg.OrderKey = order
+	d.msg.Copy = c.retry[r.Topic]
+	// At or below the mark found at assignment: handed out before this
+	// assignment, by this journal's sidecar, perhaps to the app.
+	d.msg.Redelivered = r.Offset <= st.handedBefore
 	return d
 }
 

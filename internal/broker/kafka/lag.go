@@ -74,19 +74,18 @@ func (c *Client) RetryLag(ctx context.Context) ([]TierLag, error) {
 
 // Backlog reads the source topic's backlog — the records past the group's
 // committed offsets, over every partition, less those this member settled
-// since its latest commit — and the sum of the topic's end offsets: what
-// was ever produced to it, whose growth is the arrival rate.
+// since its latest commit; for a share group, those its brokers count as
+// not yet acknowledged — and the sum of the topic's end offsets: what was
+// ever produced to it, whose growth is the arrival rate.
 func (c *Client) Backlog(ctx context.Context) (lag, produced int64, err error) {
-	if c.share != nil {
-		return c.shareBacklog(ctx)
-	}
 	adm := kadm.NewClient(c.cl)
-	committed, err := adm.FetchOffsets(ctx, c.o.Group)
-	if err != nil {
-		return 0, 0, fmt.Errorf("fetch the group's offsets: %w", err)
+	lagOf := c.groupLag
+	if c.share != nil {
+		lagOf = c.shareLag
 	}
-	if err := committed.Error(); err != nil {
-		return 0, 0, fmt.Errorf("fetch the group's offsets: %w", err)
+	partLag, err := lagOf(ctx, adm)
+	if err != nil {
+		return 0, 0, err
 	}
 	ends, err := adm.ListEndOffsets(ctx, c.o.Topic)
 	if err != nil {
@@ -103,9 +102,24 @@ func (c *Client) Backlog(ctx context.Context) (lag, produced int64, err error) {
 			return
 		}
 		produced += end.Offset
-		lag += partitionLag(end, committed, starts, c.settledUpTo(end.Topic, end.Partition))
+		lag += partLag(end, starts)
 	})
 	return lag, produced, failed
+}
+
+// groupLag reads the consumer group's committed offsets and returns how a
+// partition's lag is counted from them (partitionLag).
+func (c *Client) groupLag(ctx context.Context, adm *kadm.Client) (func(end kadm.ListedOffset, starts kadm.ListedOffsets) int64, error) {
+	committed, err := adm.FetchOffsets(ctx, c.o.Group)
+	if err != nil {
+		return nil, fmt.Errorf("fetch the group's offsets: %w", err)
+	}
+	if err := committed.Error(); err != nil {
+		return nil, fmt.Errorf("fetch the group's offsets: %w", err)
+	}
+	return func(end kadm.ListedOffset, starts kadm.ListedOffsets) int64 {
+		return partitionLag(end, committed, starts, c.settledUpTo(end.Topic, end.Partition))
+	}, nil
 }
 
 // settledUpTo is the offset before which this member has settled every

@@ -4,15 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"handoff.dev/handoff/internal/broker"
 )
@@ -34,33 +30,6 @@ import (
 // topics: Kafka's groups of both kinds share one namespace, so it cannot
 // be the share group's own name.
 func ShareRetryGroup(group string) string { return group + ".retries" }
-
-// The group configs of a share group that the sidecar reads, and the
-// brokers' defaults they fall back to.
-const (
-	shareConfigLimit   = "share.delivery.count.limit"
-	shareConfigLock    = "share.record.lock.duration.ms"
-	shareConfigReset   = "share.auto.offset.reset"
-	shareDefaultsLimit = "group.share.delivery.count.limit"
-	shareDefaultsLock  = "group.share.record.lock.duration.ms"
-)
-
-// Kafka's own defaults, when neither the group nor the brokers say.
-const (
-	defaultShareLimit = 5
-	defaultShareLock  = 30 * time.Second
-)
-
-// ShareLimits are what the brokers do with a share group's records: a
-// record delivered Limit times and not acknowledged is archived, and a
-// record acquired is another member's after Lock unless renewed.
-type ShareLimits struct {
-	Limit int
-	Lock  time.Duration
-	// From says where they were read: "group", "brokers" or "defaults"
-	// (nothing could be read).
-	From string
-}
 
 // ShareSource consumes the source topic through the client's share group.
 // Build it with Client.ShareSource; Consume runs its poll loop.
@@ -353,14 +322,6 @@ func (s *ShareSource) renewer(ctx context.Context) {
 	}
 }
 
-// Outstanding is how many records of the current poll are neither
-// acknowledged nor released.
-func (s *ShareSource) Outstanding() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.out)
-}
-
 // close sends the acknowledgements made and leaves the group; records
 // still held go back to it.
 func (s *ShareSource) close() {
@@ -391,34 +352,16 @@ type shareDelivery struct {
 var _ broker.Delivery = (*shareDelivery)(nil)
 
 func (s *ShareSource) newDelivery(r *kgo.Record) *shareDelivery {
-	d := &shareDelivery{s: s, r: r}
-	h := make(broker.Headers, len(r.Headers))
-	var contentType string
-	for _, kv := range r.Headers {
-		h[kv.Key] = string(kv.Value)
-		if kv.Key == contentTypeHeader {
-			contentType = string(kv.Value)
-		}
-	}
-	pos := position(r)
+	d := &shareDelivery{s: s, r: r, msg: recordMessage(r)}
 	n := r.DeliveryCount()
+	// Another member, or this one before a restart, had it: its call may
+	// have reached the app.
+	d.msg.Redelivered = n > 1
+	d.msg.DeliveryCount = int(n - 1)
+	// Near the brokers' limit: the engine moves it out without a call
+	// (finalAt).
 	final := s.finalAt()
-	d.msg = broker.Message{
-		Body:        r.Value,
-		ContentType: contentType,
-		Key:         r.Key,
-		Headers:     h,
-		Position:    pos,
-		Origin:      pos,
-		Native:      r,
-		// Another member, or this one before a restart, had it: its call
-		// may have reached the app.
-		Redelivered:   n > 1,
-		DeliveryCount: int(n - 1),
-		// Near the brokers' limit: the engine moves it out without a call
-		// (finalAt).
-		FinalDelivery: final > 0 && n >= final,
-	}
+	d.msg.FinalDelivery = final > 0 && n >= final
 	return d
 }
 
@@ -432,172 +375,3 @@ func (d *shareDelivery) Release() error { return d.s.finish(d, kgo.AckRelease) }
 
 // Lost is closed once the client closed.
 func (d *shareDelivery) Lost() <-chan struct{} { return d.s.lost }
-
-// readShareLimits reads the group's delivery limit and lock duration: the
-// group's configs, which Kafka answers with the brokers' value where the
-// group sets none (source DEFAULT_CONFIG); else each broker's own config
-// (static or dynamic); else Kafka's defaults.
-func readShareLimits(ctx context.Context, cl *kgo.Client, group string) (ShareLimits, error) {
-	out := ShareLimits{Limit: defaultShareLimit, Lock: defaultShareLock, From: "defaults"}
-	req := kmsg.NewPtrDescribeConfigsRequest()
-	res := kmsg.NewDescribeConfigsRequestResource()
-	res.ResourceType = kmsg.ConfigResourceTypeGroupConfig
-	res.ResourceName = group
-	res.ConfigNames = []string{shareConfigLimit, shareConfigLock}
-	req.Resources = append(req.Resources, res)
-	resp, err := req.RequestWith(ctx, cl)
-	if err != nil {
-		return out, fmt.Errorf("describe the share group's configs: %w", err)
-	}
-	limit, lock := "", ""
-	own := false // a value set on the group itself
-	for _, r := range resp.Resources {
-		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
-			return out, fmt.Errorf("describe the share group's configs: %w", err)
-		}
-		for _, c := range r.Configs {
-			if c.Value == nil || *c.Value == "" {
-				continue
-			}
-			switch c.Name {
-			case shareConfigLimit:
-				limit = *c.Value
-			case shareConfigLock:
-				lock = *c.Value
-			default:
-				continue
-			}
-			own = own || c.Source != kmsg.ConfigSourceDefaultConfig
-		}
-	}
-	if limit != "" || lock != "" {
-		out.From = "brokers"
-		if own {
-			out.From = "group"
-		}
-	}
-	if limit == "" || lock == "" {
-		adm := kadm.NewClient(cl)
-		brokers, err := adm.ListBrokers(ctx)
-		if err != nil {
-			return out, fmt.Errorf("list the brokers: %w", err)
-		}
-		bs, err := adm.DescribeBrokerConfigs(ctx, brokers.NodeIDs()...)
-		if err != nil {
-			return out, fmt.Errorf("describe the brokers' configs: %w", err)
-		}
-		for _, r := range bs {
-			for _, c := range r.Configs {
-				if c.Value == nil || *c.Value == "" {
-					continue
-				}
-				switch {
-				case c.Key == shareDefaultsLimit && limit == "":
-					limit, out.From = *c.Value, "brokers"
-				case c.Key == shareDefaultsLock && lock == "":
-					lock, out.From = *c.Value, "brokers"
-				}
-			}
-		}
-	}
-	if n, err := strconv.Atoi(limit); err == nil && n > 0 {
-		out.Limit = n
-	}
-	if ms, err := strconv.ParseInt(lock, 10, 64); err == nil && ms > 0 {
-		out.Lock = time.Duration(ms) * time.Millisecond
-	}
-	return out, nil
-}
-
-// shareStart reads where the share group starts when it has consumed
-// nothing (its share.auto.offset.reset, Kafka's default latest) and, with
-// apply, sets it to from when it says otherwise: the default would skip
-// every record produced before the group's first member joined.
-func shareStart(ctx context.Context, cl *kgo.Client, group, from string, apply bool) (was string, changed bool, err error) {
-	req := kmsg.NewPtrDescribeConfigsRequest()
-	res := kmsg.NewDescribeConfigsRequestResource()
-	res.ResourceType = kmsg.ConfigResourceTypeGroupConfig
-	res.ResourceName = group
-	res.ConfigNames = []string{shareConfigReset}
-	req.Resources = append(req.Resources, res)
-	resp, err := req.RequestWith(ctx, cl)
-	if err != nil {
-		return "", false, fmt.Errorf("describe the share group's configs: %w", err)
-	}
-	was = "latest"
-	for _, r := range resp.Resources {
-		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
-			return "", false, fmt.Errorf("describe the share group's configs: %w", err)
-		}
-		for _, c := range r.Configs {
-			if c.Name == shareConfigReset && c.Value != nil && *c.Value != "" {
-				was = *c.Value
-			}
-		}
-	}
-	if was == from || !apply {
-		return was, false, nil
-	}
-	alter := kmsg.NewPtrIncrementalAlterConfigsRequest()
-	ar := kmsg.NewIncrementalAlterConfigsRequestResource()
-	ar.ResourceType = kmsg.ConfigResourceTypeGroupConfig
-	ar.ResourceName = group
-	cfg := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
-	cfg.Name = shareConfigReset
-	cfg.Op = kmsg.IncrementalAlterConfigOpSet
-	cfg.Value = kmsg.StringPtr(from)
-	ar.Configs = append(ar.Configs, cfg)
-	alter.Resources = append(alter.Resources, ar)
-	aresp, err := alter.RequestWith(ctx, cl)
-	if err != nil {
-		return was, false, fmt.Errorf("set the share group's %s: %w", shareConfigReset, err)
-	}
-	for _, r := range aresp.Resources {
-		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
-			return was, false, fmt.Errorf("set the share group's %s: %w", shareConfigReset, err)
-		}
-	}
-	return was, true, nil
-}
-
-// shareBacklog is the share group's backlog on the source topic — the
-// records past each share-partition's start offset not yet acknowledged,
-// as the brokers count them — and the sum of the topic's end offsets.
-func (c *Client) shareBacklog(ctx context.Context) (lag, produced int64, err error) {
-	adm := kadm.NewClient(c.cl)
-	ends, err := adm.ListEndOffsets(ctx, c.o.Topic)
-	if err != nil {
-		return 0, 0, fmt.Errorf("list end offsets: %w", err)
-	}
-	starts, err := adm.ListStartOffsets(ctx, c.o.Topic)
-	if err != nil {
-		return 0, 0, fmt.Errorf("list start offsets: %w", err)
-	}
-	described, err := adm.DescribeShareGroupOffsets(ctx, c.o.Group)
-	if err != nil {
-		return 0, 0, fmt.Errorf("describe the share group's offsets: %w", err)
-	}
-	offsets := described[c.o.Group].Offsets
-	var failed error
-	ends.Each(func(end kadm.ListedOffset) {
-		if end.Err != nil {
-			failed = fmt.Errorf("end offset of %s[%d]: %w", end.Topic, end.Partition, end.Err)
-			return
-		}
-		produced += end.Offset
-		o, ok := offsets.Lookup(end.Topic, end.Partition)
-		switch {
-		case !ok || o.Err != nil || o.StartOffset < 0:
-			// The group never consumed it: all of it, when it starts at
-			// the earliest record.
-			if s, ok := starts.Lookup(end.Topic, end.Partition); ok && s.Err == nil && !c.o.StartAtEnd {
-				lag += max(end.Offset-s.Offset, 0)
-			}
-		case o.Lag >= 0:
-			lag += o.Lag
-		default:
-			lag += max(end.Offset-o.StartOffset, 0)
-		}
-	})
-	return lag, produced, failed
-}
