@@ -55,6 +55,17 @@ func (m SyncMode) String() string {
 	return fmt.Sprintf("sync(%d)", uint8(m))
 }
 
+// queuedBatches is how many batches of requests (MaxBatch each) may wait
+// for the writer before a caller waits to queue one. A commit the disk holds
+// up for a few hundred milliseconds, at ten thousand hand-offs a second,
+// leaves a few thousand hand-offs queued, each with its attempt record and
+// its outcome; a caller that found the queue full would wait out the stall,
+// and an attempt record is queued before its call, so the app would wait
+// too. Sixteen batches hold what a Kafka window and its answered records
+// queue (see the kafka package's answeredFactor); the requests are pooled,
+// made only as they queue, and the queue itself is 8 bytes a request.
+const queuedBatches = 16
+
 // Options configures a Journal.
 type Options struct {
 	Sync SyncMode
@@ -152,7 +163,7 @@ type Journal struct {
 
 	mu     sync.RWMutex // guards closed against sends on reqs
 	closed bool
-	reqs   chan *request
+	reqs   chan *request // queuedBatches batches of requests
 	// thens are the callbacks of committed AppendThen requests, for the
 	// settler.
 	thens *thens
@@ -261,7 +272,7 @@ func Open(path string, o Options) (*Journal, Recovery, error) {
 	}
 	j := &Journal{
 		path: path, db: db, o: o, log: o.Logger, now: o.Now,
-		reqs:     make(chan *request, 4*o.MaxBatch),
+		reqs:     make(chan *request, queuedBatches*o.MaxBatch),
 		thens:    newThens(),
 		stop:     make(chan struct{}),
 		idx:      newIndex(),
