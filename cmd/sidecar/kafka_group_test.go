@@ -49,6 +49,10 @@ func testTwoSidecarsOneKilled(t *testing.T, transactional bool) {
 			Headers: []kgo.RecordHeader{{Key: "ce_id", Value: []byte(fmt.Sprintf("r-%05d", i))}}})
 	}
 	produceKafka(t, brokers, recs...)
+	where := map[string]string{} // ce_id → partition/offset, for the evidence
+	for _, r := range recs {
+		where[string(r.Headers[0].Value)] = fmt.Sprintf("%d/%d", r.Partition, r.Offset)
+	}
 
 	start := func(name string) (*exec.Cmd, *bytes.Buffer) {
 		path := writeFile(t, fmt.Sprintf(`handler: {url: %q, max_concurrency: 8}
@@ -73,7 +77,9 @@ journal: {path: %q}
 	second, secondLogs := start("second")
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("first sidecar's log:\n%s\nsecond sidecar's log:\n%s", tail(firstLogs.String(), 40), tail(secondLogs.String(), 60))
+			// Whole, as far as it goes: what a repeat comes from is at the
+			// start (the assignments, the marks read with them).
+			t.Logf("first sidecar's log:\n%s\nsecond sidecar's log:\n%s", tail(firstLogs.String(), 400), tail(secondLogs.String(), 400))
 		}
 	})
 
@@ -117,7 +123,7 @@ journal: {path: %q}
 		if calls[id]++; calls[id] > 1 && c.Header.Get("Handoff-Redelivered") != "true" {
 			unflagged++
 			if unflagged <= 5 {
-				t.Errorf("record %s called again without Handoff-Redelivered: true (call %d, attempt %s)", id, calls[id], c.Header.Get("Handoff-Attempt"))
+				t.Errorf("record %s (partition/offset %s) called again without Handoff-Redelivered: true (call %d, attempt %s)", id, where[id], calls[id], c.Header.Get("Handoff-Attempt"))
 			}
 		}
 	}
