@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -184,4 +185,39 @@ func damage(b *bolt.Bucket, k, v []byte) error {
 	bad := append([]byte(nil), v...)
 	bad[len(bad)-1] ^= 0xff
 	return b.Put(append([]byte(nil), k...), bad)
+}
+
+// stalledCommit opens a journal with o and holds its writer inside a
+// commit of a record of its own, so that what is queued meanwhile waits as
+// it would behind a commit the disk holds up. resume lets the commit end and
+// waits for it.
+func stalledCommit(t testing.TB, o Options) (j *Journal, resume func()) {
+	t.Helper()
+	var block atomic.Bool
+	entered, release := make(chan struct{}), make(chan struct{})
+	o.BeforeCommit = func(int) error {
+		if block.CompareAndSwap(true, false) {
+			close(entered)
+			<-release
+		}
+		return nil
+	}
+	j, _ = openJournal(t, newPath(t), o)
+	block.Store(true)
+	first := make(chan error, 1)
+	go func() {
+		first <- j.Append(context.Background(), Key{Source: "s", EventID: "first"}, Record{Kind: Received})
+	}()
+	<-entered
+	var once sync.Once
+	resume = func() {
+		once.Do(func() {
+			close(release)
+			if err := <-first; err != nil {
+				t.Errorf("the stalled commit: %v", err)
+			}
+		})
+	}
+	t.Cleanup(resume) // before the journal closes: cleanups run last first
+	return j, resume
 }

@@ -1,9 +1,7 @@
 package journal
 
 import (
-	"context"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
@@ -14,23 +12,9 @@ import (
 // they would make a part too large; other hand-offs' parts between them are
 // unaffected.
 func TestJoinedParts(t *testing.T) {
-	var block atomic.Bool
-	entered, release := make(chan struct{}), make(chan struct{})
-	j, _ := openJournal(t, newPath(t), Options{Sync: SyncNone, BeforeCommit: func(int) error {
-		if block.CompareAndSwap(true, false) {
-			close(entered)
-			<-release
-		}
-		return nil
-	}})
-	ctx := context.Background()
-
-	// Hold the writer inside a commit, so that what is queued meanwhile is
-	// the next batch, all of it.
-	block.Store(true)
-	first := make(chan error, 1)
-	go func() { first <- j.Append(ctx, Key{Source: "s", EventID: "first"}, Record{Kind: Received}) }()
-	<-entered
+	// What is queued while the writer is held inside a commit is the next
+	// batch, all of it.
+	j, resume := stalledCommit(t, Options{Sync: SyncNone})
 
 	a, b := Key{Source: "s", EventID: "a"}, Key{Source: "s", EventID: "b"}
 	big := strings.Repeat("x", maxJoin)
@@ -40,10 +24,7 @@ func TestJoinedParts(t *testing.T) {
 	j.AppendAsync(b, Record{Kind: Attempt, Attempt: 1})
 	j.AppendAsync(a, Record{Kind: Outcome, Attempt: 1, Outcome: outSuccess, Detail: big}) // too large to join
 	j.AppendAsync(a, Record{Kind: Settled, Detail: "handled"})
-	close(release)
-	if err := <-first; err != nil {
-		t.Fatal(err)
-	}
+	resume()
 	appendOK(t, j, Key{Source: "s", EventID: "last"}, Record{Kind: Received})
 
 	var kinds []Kind

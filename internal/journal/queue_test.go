@@ -1,7 +1,6 @@
 package journal
 
 import (
-	"context"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -16,21 +15,7 @@ import (
 // app's call, so a wait there holds the call), and every record lands once
 // the commit ends.
 func TestAsyncRecordsQueueThroughAStalledCommit(t *testing.T) {
-	var block atomic.Bool
-	entered, release := make(chan struct{}), make(chan struct{})
-	j, _ := openJournal(t, newPath(t), Options{Sync: SyncNone, BeforeCommit: func(int) error {
-		if block.CompareAndSwap(true, false) {
-			close(entered)
-			<-release
-		}
-		return nil
-	}})
-	block.Store(true)
-	first := make(chan error, 1)
-	go func() {
-		first <- j.Append(context.Background(), Key{Source: "s", EventID: "first"}, Record{Kind: Received})
-	}()
-	<-entered
+	j, resume := stalledCommit(t, Options{Sync: SyncNone})
 
 	// A window of 256 records and 16 times as many answered ones waiting
 	// for their commit, each with two requests: more than the 4 batches the
@@ -46,13 +31,9 @@ func TestAsyncRecordsQueueThroughAStalledCommit(t *testing.T) {
 		}
 	}()
 	if !testkit.Wait(10*time.Second, func() bool { return queued.Load() == handoffs }) {
-		close(release)
 		t.Fatalf("%d of %d hand-offs queued their records while a commit was held up; the rest waited for it", queued.Load(), handoffs)
 	}
-	close(release)
-	if err := <-first; err != nil {
-		t.Fatal(err)
-	}
+	resume()
 	appendOK(t, j, Key{Source: "s", EventID: "last"}, Record{Kind: Received})
 	for _, i := range []int{0, handoffs / 2, handoffs - 1} {
 		var kinds []Kind
