@@ -60,7 +60,8 @@ type benchKind struct {
 	window int
 	// kafka: deliveries have a log position (and so no message id), a
 	// hand-out fence already durable, as a poll's marks mostly are, and
-	// leave the window once answered, as the Kafka client's do.
+	// leave the window once answered, as the Kafka client's do, held to as
+	// many answered as the client holds (benchSource.held).
 	kafka bool
 }
 
@@ -178,9 +179,14 @@ func cpuTime(b *testing.B) time.Duration {
 // benchSource yields n deliveries, each as soon as fewer than its window are
 // unsettled.
 type benchSource struct {
-	kind     benchKind
-	n        int
-	window   chan struct{} // a token for each unsettled delivery
+	kind   benchKind
+	n      int
+	window chan struct{} // a token for each unsettled delivery
+	// held bounds a Kafka-like source's deliveries handed out and not
+	// settled, the answered ones out of the window included, as the Kafka
+	// client's does (16 windows, at least 4,096): without it a commit that
+	// lags lets the source run ahead of it without bound.
+	held     chan struct{}
 	lost     chan struct{} // never closed
 	fenced   chan struct{} // closed: every hand-out is durable
 	acked    atomic.Int64
@@ -192,6 +198,9 @@ func newBenchSource(kind benchKind, n int) *benchSource {
 	s := &benchSource{kind: kind, n: n, window: make(chan struct{}, kind.window), lost: make(chan struct{}),
 		fenced: make(chan struct{}), done: make(chan struct{})}
 	close(s.fenced)
+	if kind.kafka {
+		s.held = make(chan struct{}, max(16*kind.window, 4096))
+	}
 	return s
 }
 
@@ -204,6 +213,13 @@ var benchBody = []byte(`{"order_id":"o-1842","customer":"c-77","items":[{"sku":"
 
 func (s *benchSource) Consume(ctx context.Context, deliver func(broker.Delivery)) error {
 	for i := range s.n {
+		if s.held != nil {
+			select {
+			case s.held <- struct{}{}:
+			case <-ctx.Done():
+				return nil
+			}
+		}
 		select {
 		case s.window <- struct{}{}:
 		case <-ctx.Done():
@@ -267,12 +283,14 @@ func (d *fencedBenchDelivery) Answered() { d.leave() }
 
 func (d *fencedBenchDelivery) Ack() error {
 	d.leave()
+	<-d.s.held
 	d.acked()
 	return nil
 }
 
 func (d *fencedBenchDelivery) Release() error {
 	d.leave()
+	<-d.s.held
 	d.s.released.Add(1)
 	return nil
 }
