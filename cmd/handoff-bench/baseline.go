@@ -112,23 +112,7 @@ func runBaselineKafka(args []string) error {
 		return err
 	}
 	defer cl.Close()
-	work := make(chan *kgo.Record)
-	var batch sync.WaitGroup
-	postRecords(*workers, *app, work, func(*kgo.Record) { batch.Done() })
-	ctx := context.Background()
-	for {
-		f := cl.PollFetches(ctx)
-		if f.IsClientClosed() {
-			return nil
-		}
-		recs := f.Records()
-		batch.Add(len(recs))
-		for _, r := range recs {
-			work <- r
-		}
-		batch.Wait()
-		cl.MarkCommitRecords(recs...)
-	}
+	return pollAndPost(cl, *workers, *app, func(*kgo.Record) {}, func(recs []*kgo.Record) { cl.MarkCommitRecords(recs...) })
 }
 
 // runBaselineKafkaShare is the hand-written share-group consumer: each
@@ -157,9 +141,16 @@ func runBaselineKafkaShare(args []string) error {
 	if err := kafka.SetGroupConfig(context.Background(), cl, *group, "share.auto.offset.reset", "earliest"); err != nil {
 		return err
 	}
+	return pollAndPost(cl, *workers, *app, func(r *kgo.Record) { r.Ack(kgo.AckAccept) }, func([]*kgo.Record) {})
+}
+
+// pollAndPost is a hand-written baseline's poll loop: each poll's records
+// to the workers, done called for each once the app answered 2xx, after
+// with the poll's records once all are, then the next poll.
+func pollAndPost(cl *kgo.Client, workers int, app string, done func(*kgo.Record), after func([]*kgo.Record)) error {
 	work := make(chan *kgo.Record)
 	var batch sync.WaitGroup
-	postRecords(*workers, *app, work, func(r *kgo.Record) { r.Ack(kgo.AckAccept); batch.Done() })
+	postRecords(workers, app, work, func(r *kgo.Record) { done(r); batch.Done() })
 	ctx := context.Background()
 	for {
 		f := cl.PollFetches(ctx)
@@ -172,6 +163,7 @@ func runBaselineKafkaShare(args []string) error {
 			work <- r
 		}
 		batch.Wait()
+		after(recs)
 	}
 }
 

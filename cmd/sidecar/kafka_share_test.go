@@ -36,14 +36,7 @@ func TestKafkaShareGroupThreeSidecarsOneKilled(t *testing.T) {
 		})
 	}
 	start := func(i int) (*exec.Cmd, *lockedBuffer) {
-		path := writeFile(t, fmt.Sprintf(`handler: {url: %q, max_concurrency: 8}
-sources:
-  - name: shared
-    kafka: {brokers: [%q], topic: %q, share_group: %q}
-retry: {tiers: [1s]}
-telemetry: {metrics_listen: ""}
-journal: {path: %q}
-`, apps[i].url(), strings.Join(brokers, ","), topic, group, filepath.Join(t.TempDir(), fmt.Sprintf("sidecar-%d.db", i))))
+		path := shareMemberConfig(t, "max_concurrency: 8", apps[i].url(), brokers, topic, group)
 		var logs lockedBuffer
 		cmd := exec.Command(bin, "run", "--config", path)
 		cmd.Stderr = &logs
@@ -161,14 +154,7 @@ func TestKafkaShareGroupLongCallRenewed(t *testing.T) {
 	}
 	var logs [2]lockedBuffer
 	for i := range apps {
-		path := writeFile(t, fmt.Sprintf(`handler: {url: %q, timeout: 30s}
-sources:
-  - name: shared
-    kafka: {brokers: [%q], topic: %q, share_group: %q}
-retry: {tiers: [1s]}
-telemetry: {metrics_listen: ""}
-journal: {path: %q}
-`, apps[i].url(), strings.Join(brokers, ","), topic, group, filepath.Join(t.TempDir(), fmt.Sprintf("sidecar-%d.db", i))))
+		path := shareMemberConfig(t, "timeout: 30s", apps[i].url(), brokers, topic, group)
 		cmd := exec.Command(bin, "run", "--config", path)
 		cmd.Stderr = &logs[i]
 		if err := cmd.Start(); err != nil {
@@ -201,4 +187,18 @@ journal: {path: %q}
 			t.Errorf("sidecar %d did not read the group's lock of 2s; log:\n%s", i, tail(logs[i].String(), 20))
 		}
 	}
+}
+
+// shareMemberConfig writes the config of one of several sidecars in share
+// group group, each with a journal of its own; handler is added to the
+// handler's settings.
+func shareMemberConfig(t *testing.T, handler, appURL string, brokers []string, topic, group string) string {
+	return writeFile(t, fmt.Sprintf(`handler: {url: %q, %s}
+sources:
+  - name: shared
+    kafka: {brokers: [%q], topic: %q, share_group: %q}
+retry: {tiers: [1s]}
+telemetry: {metrics_listen: ""}
+journal: {path: %q}
+`, appURL, handler, strings.Join(brokers, ","), topic, group, filepath.Join(t.TempDir(), "sidecar.db")))
 }

@@ -332,13 +332,7 @@ func TestDeadlinePassedInTheQueue(t *testing.T) {
 	late.msg.Headers = tr.Headers()
 	e := r.engineWith(app, func(o *Options) { o.MaxConcurrency = 1 }, late)
 	e.limiter, e.now = budget.NewLimiter(1), clock.Now
-	if !e.limiter.TryAcquire() { // the one slot, held by the test
-		t.Fatal("no slot free at the start")
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	defer runHoldingTheSlot(t, e)()
 	testkit.Eventually(t, 30*time.Second, "the copy's walk queued for a slot", func() bool {
 		return e.limiter.Queued() == 1 && e.Status().Routes[0].InFlight == 1
 	})
@@ -381,13 +375,7 @@ func TestFirstDeliveryWaitsForItsSlotAtAdmission(t *testing.T) {
 		o.Policy.Deadline = 100 * time.Millisecond
 	}, gone, first, second)
 	e.limiter, e.now = budget.NewLimiter(1), clock.Now
-	if !e.limiter.TryAcquire() { // the one slot, held by the test
-		t.Fatal("no slot free at the start")
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	defer runHoldingTheSlot(t, e)()
 	testkit.Eventually(t, 30*time.Second, "the first delivery queued at admission", func() bool { return e.limiter.Queued() == 1 })
 	if n := e.Status().Routes[0].InFlight; n != 0 {
 		t.Fatalf("%d walks started while the delivery waits for a slot; want none", n)
@@ -510,4 +498,17 @@ func TestTokenBackWhenTheDeadlinePassesWhileTheAppIsDown(t *testing.T) {
 	if st := b.State(); st.Tokens != 1 {
 		t.Errorf("tokens = %v after the walk ended, want the 1 it took back", st.Tokens)
 	}
+}
+
+// runHoldingTheSlot takes e's one slot for the test, runs e, and returns
+// what stops it.
+func runHoldingTheSlot(t *testing.T, e *Engine) (stop func()) {
+	t.Helper()
+	if !e.limiter.TryAcquire() {
+		t.Fatal("no slot free at the start")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	return func() { cancel(); <-done }
 }
