@@ -49,8 +49,9 @@ func (h *handoff) decide(ctx context.Context, attempt int, res handler.Result, r
 	}
 	var outcome []journal.Record
 	if record {
-		outcome = []journal.Record{{Kind: journal.Outcome, At: now, Hop: t.Hops, Attempt: attempt,
-			Outcome: uint8(res.Outcome), Status: res.Status, Latency: res.Latency, Detail: res.Detail}}
+		// Room for the SETTLED record an ack adds (settleLater).
+		outcome = append(make([]journal.Record, 0, 2), journal.Record{Kind: journal.Outcome, At: now, Hop: t.Hops, Attempt: attempt,
+			Outcome: uint8(res.Outcome), Status: res.Status, Latency: res.Latency, Detail: res.Detail})
 	}
 	switch dec.Action {
 	case budget.Ack:
@@ -69,7 +70,7 @@ func (h *handoff) decide(ctx context.Context, attempt int, res handler.Result, r
 			return time.Time{}, false
 		}
 		h.reportReplayed(ctx)
-		h.settle("handled")
+		h.settle(handledWhy)
 	case budget.Delay:
 		t.NextDue = dec.Due
 		if h.r.InPlace {
@@ -91,8 +92,8 @@ func (h *handoff) decide(ctx context.Context, attempt int, res handler.Result, r
 }
 
 // settleLater is decide's Ack when nothing needs the walk's goroutine until
-// the outcome is durable: the records are handed to the journal with the
-// rest of the walk — the ack, its SETTLED record, and the end of the walk —
+// the outcome is durable: the records, SETTLED among them, are handed to
+// the journal with the rest of the walk — the ack and the end of the walk —
 // to run once they are committed, and the goroutine is free for the next
 // delivery instead of parked through the commit. Not when the attempt's span
 // is recorded (the commit is a span of its own under it) or a replayed copy
@@ -103,10 +104,18 @@ func (h *handoff) settleLater(ctx context.Context, outcome []journal.Record) boo
 	if later == nil || h.inAttempt(ctx) || h.trail.ReplayOf != "" {
 		return false
 	}
-	batch := h.batch(outcome...)
-	if len(batch) == 0 {
-		return false
+	// The SETTLED record goes in the same part as the outcome, ahead of
+	// the ack it stands for: one part for a first-attempt success instead
+	// of a second one after the ack. Nothing depends on it as proof of the
+	// ack: a crash between the commit and the ack leaves a redelivery,
+	// which the handled outcome settles without a call (the crash table's
+	// first row) and records as settled again. What it gives up: such a
+	// hand-off no longer counts as open (handled, not acked) at the next
+	// start.
+	if len(outcome) == 0 {
+		return false // nothing new to write: acked at once (decide)
 	}
+	batch := h.batch(append(outcome, h.settledRecord(handledWhy))...)
 	h.later, h.ctx = true, ctx
 	if a, ok := h.d.(broker.Answered); ok {
 		// Only the commit is left before the ack: the broker may hand out
@@ -124,7 +133,7 @@ func (h *handoff) Committed(err error) {
 	if !h.committed(h.ctx, err) || h.fault(WindowHandled) {
 		return
 	}
-	h.settle("handled")
+	h.ack() // its SETTLED record was in the commit
 }
 
 // journal appends recs and waits for them to be durable. When that fails the
@@ -171,14 +180,30 @@ func (h *handoff) fault(w Window) bool {
 	return false
 }
 
-// settle acks the delivery and reports whether the ack went out.
+// handledWhy is the detail of a handled delivery's SETTLED record.
+const handledWhy = "handled"
+
+// settle acks the delivery, then records it settled, and reports whether
+// the ack went out.
 func (h *handoff) settle(why string) bool {
+	if !h.ack() {
+		return false
+	}
+	h.appendAsync(h.settledRecord(why))
+	return true
+}
+
+// ack acks the delivery and reports whether the ack went out.
+func (h *handoff) ack() bool {
 	if err := h.d.Ack(); err != nil {
 		h.logger().Warn("ack failed; the broker will redeliver", "err", err)
 		return false
 	}
-	h.appendAsync(journal.Record{Kind: journal.Settled, Hop: h.trail.Hops, Detail: why})
 	return true
+}
+
+func (h *handoff) settledRecord(why string) journal.Record {
+	return journal.Record{Kind: journal.Settled, Hop: h.trail.Hops, Detail: why}
 }
 
 // appendAsync queues rec, after the hop's RECEIVED record if that is still

@@ -10,6 +10,12 @@
 //	RECEIVED(hop) → ATTEMPT n → OUTCOME n → TRANSFERRING(hop+1, dest) → TRANSFERRED → SETTLED
 //	                                   └─ (success or drop) ───────────────────────→ SETTLED
 //
+// SETTLED follows the ack, except for an answer the ack follows at once
+// (dispatch's common path): there it is written with the OUTCOME, ahead of
+// the ack, so that a first-attempt success is one part. Nothing depends on
+// it as proof of the ack; a crash between that commit and the ack leaves a
+// redelivery that the handled OUTCOME settles.
+//
 // A hop is one delivery of the message: the original (hop 0) and each copy
 // the sidecar made (hop 1, 2, …, carried in the copy's handoff-hops header).
 //
