@@ -30,13 +30,6 @@ func (h *handoff) redelivery(st *journal.State) bool {
 		// ledger. Its history is its own (the key holds the replay id).
 		return true
 	}
-	if h.trail.ReplayID != "" {
-		// A replay publishes each dead letter once: a second copy of the
-		// same replay is that copy again, published anew by a runner that
-		// took the replay over before the first one's record reached the
-		// ledger. Its history is its own (the key holds the replay id).
-		return true
-	}
 	if h.msg.Position != "" {
 		return st.Position == h.msg.Position
 	}
