@@ -203,11 +203,11 @@ func (w *logWriter) flush() error {
 // trackOpen follows whether the hand-offs of event h are open, the way the
 // records say: a receipt opens one, a settle of its latest hop closes it.
 func (j *Journal) trackOpen(h uint64, r ref, recs []Record) {
-	cur, ok := j.openOf(h)
-	if cur, ok = openStep(cur, ok, recs); ok {
+	cur, was := j.openOf(h)
+	if cur, ok := openStep(cur, was, recs); ok {
 		cur.at = r
 		j.staged.open[h] = openChange{entry: cur}
-	} else if _, was := j.openOf(h); was {
+	} else if was {
 		j.staged.open[h] = openChange{closed: true}
 	}
 }
