@@ -1,6 +1,7 @@
 package journal
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"slices"
@@ -247,39 +248,33 @@ func (j *Journal) maybeSeal(tx *bolt.Tx) error {
 	if n == 0 || n < sealAt && !j.staged.sealNow {
 		return nil
 	}
-	merged := make(map[uint64]tailEntry, n)
-	for h, e := range j.idx.tail {
-		merged[h] = e
-	}
-	for h, e := range j.staged.tail {
-		merged[h] = e
-	}
-	if cut := j.staged.cut; cut > 0 {
-		// Parts this batch dropped are no one's newest any more.
-		for h, e := range merged {
-			if e.at.seq() < cut {
-				delete(merged, h)
+	// The tail's entries and the batch's, in one slice sorted by hash
+	// rather than merged in a map: at a seal the tail holds sealAt events,
+	// and a copy of it would be megabytes made and dropped. An event in
+	// both keeps the batch's entry, whose ref is the later.
+	cut := j.staged.cut // parts this batch dropped are no one's newest any more
+	entries := make([]indexEntry, 0, n)
+	for _, m := range [2]map[uint64]tailEntry{j.idx.tail, j.staged.tail} {
+		for h, e := range m {
+			if e.at.seq() >= cut {
+				entries = append(entries, indexEntry{h: h, r: e.at})
 			}
 		}
-		if len(merged) == 0 {
-			return nil
-		}
 	}
-	entries := make([]indexEntry, 0, len(merged))
-	bloom := newBloom()
-	for h, e := range merged {
-		entries = append(entries, indexEntry{h: h, r: e.at})
-		bloomAdd(bloom, h)
+	if len(entries) == 0 {
+		return nil
 	}
 	slices.SortFunc(entries, func(a, b indexEntry) int {
-		switch {
-		case a.h < b.h:
-			return -1
-		case a.h > b.h:
-			return 1
+		if c := cmp.Compare(a.h, b.h); c != 0 {
+			return c
 		}
-		return 0
+		return cmp.Compare(b.r, a.r) // the later ref first, kept by Compact
 	})
+	entries = slices.CompactFunc(entries, func(a, b indexEntry) bool { return a.h == b.h })
+	bloom := newBloom()
+	for _, e := range entries {
+		bloomAdd(bloom, e.h)
+	}
 	open := make(map[uint64]openEntry, len(j.idx.open))
 	for h, e := range j.idx.open {
 		open[h] = e
@@ -309,7 +304,10 @@ func (j *Journal) apply() {
 	defer x.mu.Unlock()
 	if s.seal != nil {
 		x.addSegment(s.seal)
-		x.tail = make(map[uint64]tailEntry, len(x.tail))
+		// Emptied, not made again: it fills up to sealAt events again, and
+		// a new one beside the old until the collector runs would be
+		// megabytes twice.
+		clear(x.tail)
 	} else {
 		for h, e := range s.tail {
 			x.tail[h] = e
