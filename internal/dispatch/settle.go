@@ -110,7 +110,7 @@ func (h *handoff) settleLater(ctx context.Context, outcome []journal.Record) boo
 	// ack: a crash between the commit and the ack leaves a redelivery,
 	// which the handled outcome settles without a call (the crash table's
 	// first row) and records as settled again. What it gives up: such a
-	// hand-off no longer counts as open (handled, not acked) at the next
+	// hand-off does not count as open (handled, not acked) at the next
 	// start.
 	if len(outcome) == 0 {
 		return false // nothing new to write: acked at once (decide)
