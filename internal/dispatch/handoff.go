@@ -94,7 +94,7 @@ type handoff struct {
 // own goroutine or, after settleLater, on the journal's.
 func (h *handoff) ended() {
 	if h.kl != nil {
-		h.e.keys.unlock(h.key, h.kl)
+		h.e.keys.unlock(h.kl)
 		h.kl = nil
 	}
 	h.unisolate()

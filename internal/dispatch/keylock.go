@@ -104,8 +104,8 @@ func (l *keyLocks) hash(k journal.Key) uint64 {
 	return h
 }
 
-// unlock releases kl, which holds k.
-func (l *keyLocks) unlock(_ journal.Key, kl *keyLock) {
+// unlock releases kl, which lock returned.
+func (l *keyLocks) unlock(kl *keyLock) {
 	<-kl.held
 	l.release(kl)
 }

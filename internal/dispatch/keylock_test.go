@@ -52,9 +52,9 @@ func TestKeyLocks(t *testing.T) {
 	if n := contended.Load(); n != 1 {
 		t.Fatalf("contended called %d times, want once: by the second lock", n)
 	}
-	l.unlock(a, first)
+	l.unlock(first)
 	second := <-got
-	l.unlock(a, second)
+	l.unlock(second)
 
 	if n, free := l.counts(); n != 0 || free != 1 {
 		t.Fatalf("%d keys locked and %d locks free after every unlock, want 0 and 1", n, free)
@@ -70,5 +70,5 @@ func TestKeyLocks(t *testing.T) {
 	if err != nil || kl != first {
 		t.Fatalf("lock of a new key = %p, %v; want the freed lock %p, taken at once", kl, err, first)
 	}
-	l.unlock(b, kl)
+	l.unlock(kl)
 }
