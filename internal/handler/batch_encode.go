@@ -1,13 +1,14 @@
 package handler
 
 import (
-	"encoding/base64"
 	"encoding/json"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"unicode/utf8"
+
+	"github.com/segmentio/asm/base64"
 )
 
 // The batched-mode request body: the batch's CloudEvents in JSON, written
@@ -27,7 +28,7 @@ type event struct {
 	HandoffDeadline    string `json:"handoffdeadline,omitempty"`
 	HandoffRedelivered string `json:"handoffredelivered"`
 	HandoffReplayID    string `json:"handoffreplayid,omitempty"`
-	DataBase64         []byte `json:"data_base64,omitempty"` // encoding/json writes it as base64
+	DataBase64         []byte `json:"data_base64,omitempty"` // written in base64 (appendBase64)
 	data               []byte // JSON
 	ext                []attr // in name order
 }
@@ -115,7 +116,7 @@ func appendEvent(buf []byte, e event) []byte {
 	buf = field(buf, "handoffreplayid", e.HandoffReplayID, true)
 	if len(e.DataBase64) > 0 {
 		buf = append(buf, `,"data_base64":"`...)
-		buf = base64.StdEncoding.AppendEncode(buf, e.DataBase64)
+		buf = appendBase64(buf, e.DataBase64)
 		buf = append(buf, '"')
 	}
 	for _, a := range e.ext {
@@ -238,6 +239,17 @@ func validAttr(a string) bool {
 		}
 	}
 	return true
+}
+
+// appendBase64 appends data in standard base64. In a batch of binary
+// bodies the encoding is a good part of the sidecar's work, and the
+// vectorised encoder does it in about a quarter of the standard library's
+// time (BenchmarkEncodeBatch), with the same output.
+func appendBase64(buf, data []byte) []byte {
+	n := base64.StdEncoding.EncodedLen(len(data))
+	buf = slices.Grow(buf, n)
+	base64.StdEncoding.Encode(buf[len(buf):len(buf)+n], data)
+	return buf[:len(buf)+n]
 }
 
 func isJSON(contentType string) bool {

@@ -71,6 +71,19 @@ func TestEncodeBatchWritesWhatEncodingJSONWrites(t *testing.T) {
 	}
 }
 
+// The vectorised base64 encoder works in blocks: every length up to a few
+// blocks past the first, with every byte value, is written as encoding/json
+// writes it.
+func TestEncodeBatchBase64EveryLength(t *testing.T) {
+	body := make([]byte, 300)
+	for i := range body {
+		body[i] = byte(i*151 + 7)
+	}
+	for n := range len(body) + 1 {
+		checkEncodesLikeJSON(t, &Request{Message: &broker.Message{Body: body[:n]}, EventID: "e", Source: "/s", Type: "t", Attempt: 1})
+	}
+}
+
 func FuzzEncodeBatch(f *testing.F) {
 	f.Add("order-1", "/src", "a.b", "x", []byte(`{"a":1}`), "application/json")
 	f.Add("\xff\u2028", "\x00", "<&>", "\"\\", []byte{0, 1, 2}, "")
