@@ -191,8 +191,9 @@ func postRecords(workers int, app string, work <-chan *kgo.Record, done func(*kg
 // profileEnv names the file a baseline writes its CPU profile to, when set.
 const profileEnv = "HANDOFF_BENCH_CPU_PROFILE"
 
-// profiled runs a baseline, under a CPU profile when profileEnv asks for one.
-// The harness stops a baseline with SIGTERM: the profile is written then.
+// profiled runs a baseline or the app, under a CPU profile when profileEnv
+// asks for one. The harness stops them with SIGTERM: the profile is written
+// then.
 func profiled(run func([]string) error, args []string) error {
 	path := os.Getenv(profileEnv)
 	if path == "" {

@@ -42,7 +42,8 @@ var (
 
 // latency runs the consumer that start builds against an empty queue or
 // topic while messages are published at rate, and reads the app's latencies.
-func latency(o options, pb pacedBroker, name string, rate float64, start func(dest string) starter) (latencyRow, error) {
+// profile names the run's profiles.
+func latency(o options, pb pacedBroker, name, profile string, rate float64, start func(dest string) starter) (latencyRow, error) {
 	empty := o
 	empty.n = 0
 	dest, cleanup, err := pb.create(empty, "latency")
@@ -50,14 +51,14 @@ func latency(o options, pb pacedBroker, name string, rate float64, start func(de
 		return latencyRow{name: name, rate: rate}, err
 	}
 	defer cleanup()
-	return paced(o, name, rate, pb.settle, func() (int, error) { return pb.publish(o, dest, rate, pacedDuration) }, start(dest))
+	return paced(o, name, profile, rate, pb.settle, func() (int, error) { return pb.publish(o, dest, rate, pacedDuration) }, start(dest))
 }
 
 // paced starts an app and the consumer, lets the consumer settle in, runs
 // publish, and reads the app's latencies once every message arrived.
-func paced(o options, name string, rate float64, settle time.Duration, publish func() (int, error), start starter) (latencyRow, error) {
+func paced(o options, name, profile string, rate float64, settle time.Duration, publish func() (int, error), start starter) (latencyRow, error) {
 	r := latencyRow{name: name, rate: rate}
-	a, err := startApp(o.self, false)
+	a, err := startApp(o, profile, false)
 	if err != nil {
 		return r, err
 	}
@@ -215,7 +216,7 @@ func latencyPairs(o options, pb pacedBroker, baseName, sidecarName string, baseR
 	pace := "third"
 	run := func(name string, rate float64, sidecar bool) (latencyRow, error) {
 		profile := name + ", paced " + pace
-		return latency(o, pb, name, rate, func(dest string) starter {
+		return latency(o, pb, name, profile, rate, func(dest string) starter {
 			if sidecar {
 				return sidecarStarter(o, profile, source(dest), "batch", false)
 			}
@@ -279,13 +280,13 @@ func pacedRounds(o options) error {
 	for round := 1; round <= o.rounds; round++ {
 		for _, b := range brokers {
 			name := fmt.Sprintf("%s [round %d]", b.baseName, round)
-			show(latency(o, b.pb, name, o.paced, func(dest string) starter { return b.baseline(dest, name) }))
+			show(latency(o, b.pb, name, name, o.paced, func(dest string) starter { return b.baseline(dest, name) }))
 			for _, bin := range sidecars {
 				so := o
 				so.sidecar = bin
 				so.allocs = so.allocs && bin == o.sidecar // an earlier build may not know the flag
 				name := fmt.Sprintf("%s %s [round %d]", b.sidecarName, filepath.Base(bin), round)
-				show(latency(so, b.pb, name, o.paced, func(dest string) starter {
+				show(latency(so, b.pb, name, name, o.paced, func(dest string) starter {
 					return sidecarStarter(so, name, b.source(dest), "batch", false)
 				}))
 			}

@@ -29,7 +29,7 @@ func main() {
 		var err error
 		switch os.Args[1] {
 		case "app":
-			err = runApp(os.Args[2:])
+			err = profiled(runApp, os.Args[2:])
 		case "baseline-rabbit":
 			err = profiled(runBaselineRabbit, os.Args[2:])
 		case "baseline-kafka":
@@ -91,7 +91,7 @@ func runHarness(args []string) error {
 	o.kafkaName = "Kafka"
 	fs.StringVar(&o.kafka, "kafka", envOr("HANDOFF_KAFKA_BROKERS", "127.0.0.1:19092"), "Kafka bootstrap broker")
 	fs.BoolVar(&o.skipSlow, "skip-slow", false, "leave out journal.sync: always and ordering: partition (slow by design)")
-	fs.StringVar(&o.profile, "profile", "", "write each consumer run's CPU profile (pprof), and the sidecar's allocations, into this directory")
+	fs.StringVar(&o.profile, "profile", "", "write each consumer run's CPU profile (pprof), its app's (.app.pprof), and the sidecar's allocations, into this directory")
 	fs.StringVar(&o.only, "only", "", "rabbitmq or kafka: run one broker's columns")
 	fs.StringVar(&o.compare, "compare", "", "another sidecar binary: run only the single-message sidecar rows (the batch rows with -batch), alternating the two binaries, and print them")
 	fs.BoolVar(&o.compareIDs, "compare-ids", false, "like -compare, but alternate random message ids with time-ordered ones on the one sidecar binary")
@@ -141,7 +141,7 @@ func runHarness(args []string) error {
 	var lat []latencyRow
 	var costs []metricsCost
 
-	app, err := startApp(o.self, false)
+	app, err := startApp(o, "", false)
 	if err != nil {
 		return err
 	}

@@ -84,16 +84,23 @@ func (o options) msgID(i int) string {
 
 // app is a running bench app process.
 type app struct {
-	cmd *exec.Cmd
-	url string
+	cmd      *exec.Cmd
+	url      string
+	profiled bool // stopped with SIGTERM, so that it writes its profile
 }
 
-func startApp(self string, mixed bool) (*app, error) {
+// startApp starts the bench app for run: with -profile, the app writes its
+// own CPU profile too (run's name, .app.pprof), the other half of the work a
+// message costs.
+func startApp(o options, run string, mixed bool) (*app, error) {
 	args := []string{"app"}
 	if mixed {
 		args = append(args, "-mixed")
 	}
-	cmd := exec.Command(self, args...)
+	cmd := exec.Command(o.self, args...)
+	if o.profile != "" && run != "" {
+		cmd.Env = append(os.Environ(), profileEnv+"="+filepath.Join(o.profile, o.profileName(strings.ReplaceAll(run, " ", ""))+".app.pprof"))
+	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
@@ -108,10 +115,21 @@ func startApp(self string, mixed bool) (*app, error) {
 		return nil, fmt.Errorf("app did not start: %w", err)
 	}
 	addr := strings.TrimSpace(strings.TrimPrefix(line, "listening "))
-	return &app{cmd: cmd, url: "http://" + addr + "/events"}, nil
+	return &app{cmd: cmd, url: "http://" + addr + "/events", profiled: cmd.Env != nil}, nil
 }
 
-func (a *app) stop() { _ = a.cmd.Process.Kill(); _ = a.cmd.Wait() }
+func (a *app) stop() {
+	if a.profiled {
+		// Given a few seconds to write its profile.
+		_ = a.cmd.Process.Signal(syscall.SIGTERM)
+		t := time.AfterFunc(5*time.Second, func() { _ = a.cmd.Process.Kill() })
+		_ = a.cmd.Wait()
+		t.Stop()
+		return
+	}
+	_ = a.cmd.Process.Kill()
+	_ = a.cmd.Wait()
+}
 
 func (a *app) stats() (appStats, error) {
 	var st appStats
@@ -393,7 +411,7 @@ func sidecarName(base string, mixed, batch bool) string {
 // runConsumer starts the app and the consumer process that build makes for
 // it, until the app has seen every message end.
 func runConsumer(o options, name string, mixed bool, build starter) (row, error) {
-	a, err := startApp(o.self, mixed)
+	a, err := startApp(o, name, mixed)
 	if err != nil {
 		return row{name: name}, err
 	}
