@@ -323,7 +323,7 @@ func Default() Config {
 		},
 		Budget: Budget{Ratio: 0.2, MinPerSecond: 10, Window: Duration(10 * time.Second)},
 		Journal: Journal{Path: DefaultJournalPath(), Sync: "batch", Retention: Duration(24 * time.Hour), MaxSize: ByteSize(journal.DefaultMaxSize),
-			Linger: Duration(500 * time.Microsecond)},
+			Linger: Duration(2 * time.Millisecond)},
 		DeadLetter: DeadLetter{Retention: Duration(DefaultDeadLetterRetention), Poll: Duration(time.Second), ReplayTakeover: Duration(10 * time.Second)},
 		Admin:      Admin{Listen: "127.0.0.1:9400", TokenName: "admin"},
 		Telemetry: Telemetry{MetricsListen: "127.0.0.1:9464", TraceSampleRatio: 1,

@@ -98,7 +98,7 @@ func TestJournalLinger(t *testing.T) {
 		want    time.Duration
 		problem string // the problem line's start, "" when it parses
 	}{
-		{name: "default", journal: "{path: ./handoff.db}", want: 500 * time.Microsecond},
+		{name: "default", journal: "{path: ./handoff.db}", want: 2 * time.Millisecond},
 		{name: "off", journal: "{path: ./handoff.db, linger: 0s}", want: 0},
 		{name: "the most", journal: "{path: ./handoff.db, linger: 10ms}", want: 10 * time.Millisecond},
 		{name: "too long", journal: "{path: ./handoff.db, linger: 20ms}", problem: "journal.linger: must be between 0 and 10ms"},
