@@ -304,17 +304,18 @@ func (h *HTTP) SendBatch(ctx context.Context, reqs []*Request) (each []Result, w
 	if len(data) > maxBatchResponse {
 		readErr = errors.New("batch response too long")
 	}
-	var parsed struct {
-		Results []batchResult `json:"results"`
+	var results []batchResult
+	if readErr == nil {
+		results, readErr = readAnswer(data)
 	}
-	if readErr != nil || json.Unmarshal(data, &parsed) != nil {
+	if readErr != nil {
 		// The app took the batch but its answer cannot be read: any event
 		// may have been handled. Not split: an app that does not speak the
 		// batch format would answer every part the same.
 		return nil, Result{Outcome: budget.Unknown, Status: a.status, Detail: "batch response unreadable: want {\"results\": [...]}"}, false
 	}
-	byID := make(map[string]batchResult, len(parsed.Results))
-	for _, r := range parsed.Results {
+	byID := make(map[string]batchResult, len(results))
+	for _, r := range results {
 		if _, seen := byID[r.ID]; seen {
 			r.twice = true // a batch never holds an id twice: which is meant?
 		}
