@@ -36,7 +36,10 @@ func answer(id string, attempt int, mixed bool) int {
 
 // appStats is what GET /stats returns.
 type appStats struct {
-	Calls     int64 `json:"calls"`
+	Calls int64 `json:"calls"`
+	// Batches is the batched requests among them: Calls over Batches is
+	// how full the sidecar's batches went out.
+	Batches   int64 `json:"batches"`
 	Successes int64 `json:"successes"`
 	Poison    int64 `json:"poison"`
 	// FirstNano and LastNano are the first call and the latest success.
@@ -122,6 +125,7 @@ func runApp(args []string) error {
 				ID     string `json:"id"`
 				Status int    `json:"status"`
 			}
+			atomic.AddInt64(&st.Batches, 1)
 			results := make([]result, len(events))
 			for i, e := range events {
 				attempt, _ := strconv.Atoi(e.Attempt)
@@ -157,7 +161,8 @@ func runApp(args []string) error {
 			p50, p99 = sorted[len(sorted)/2], sorted[len(sorted)*99/100]
 		}
 		_ = json.NewEncoder(w).Encode(appStats{P50Micros: p50, P99Micros: p99, SlowMillis: slow,
-			Calls: atomic.LoadInt64(&st.Calls), Successes: atomic.LoadInt64(&st.Successes), Poison: atomic.LoadInt64(&st.Poison),
+			Calls: atomic.LoadInt64(&st.Calls), Batches: atomic.LoadInt64(&st.Batches),
+			Successes: atomic.LoadInt64(&st.Successes), Poison: atomic.LoadInt64(&st.Poison),
 			FirstNano: atomic.LoadInt64(&st.FirstNano), LastNano: atomic.LoadInt64(&st.LastNano),
 		})
 	})

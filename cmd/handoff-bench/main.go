@@ -326,13 +326,29 @@ type row struct {
 	anonMB  float64 // peak anonymous RSS (sampled)
 	vsBase  float64
 	drain   time.Duration
-	note    string
-	noProcs bool // the ceiling: no consumer process
+	note    string // why the row is not a measurement (a failure), or ""
+	noProcs bool   // the ceiling: no consumer process
+	// perBatch is how many messages a batched request held on average: a
+	// batch row that drains slowly shows whether its batches went out part
+	// full. Zero for single-message rows.
+	perBatch float64
 }
 
 func (r row) line(ceil float64) string {
 	return fmt.Sprintf("%-44s %9.0f msg/s  %5.2f calls/msg  cpu %5.2fs/10k  rss %5.1fMB  anon %5.1fMB  ×base %4.2f  ×ceil %4.2f  %s",
-		r.name, r.rate, r.calls, r.cpu, r.rssMB, r.anonMB, r.vsBase, ratio(r.rate, ceil), r.note)
+		r.name, r.rate, r.calls, r.cpu, r.rssMB, r.anonMB, r.vsBase, ratio(r.rate, ceil), r.shownNote())
+}
+
+// shownNote is the row's note column: its note, and the messages a batch.
+func (r row) shownNote() string {
+	if r.perBatch == 0 {
+		return r.note
+	}
+	batch := fmt.Sprintf("%.1f messages a batch", r.perBatch)
+	if r.note == "" {
+		return batch
+	}
+	return r.note + "; " + batch
 }
 
 func render(o options, rows []row, ceil float64, took time.Duration) string {
@@ -364,7 +380,7 @@ func render(o options, rows []row, ceil float64, took time.Duration) string {
 		if r.vsBase == 0 {
 			vb = "—"
 		}
-		fmt.Fprintf(&b, "| %s | %.0f | %.2f | %s | %s | %s | %s | %.2f | %s |\n", r.name, r.rate, r.calls, cpu, rss, anon, vb, ratio(r.rate, ceil), r.note)
+		fmt.Fprintf(&b, "| %s | %.0f | %.2f | %s | %s | %s | %s | %.2f | %s |\n", r.name, r.rate, r.calls, cpu, rss, anon, vb, ratio(r.rate, ceil), r.shownNote())
 	}
 	return b.String()
 }

@@ -213,6 +213,9 @@ func consumer(name string, a *app, n int, cmd *exec.Cmd) (row, error) {
 		cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 		r.cpu = cpu.Seconds() / float64(n) * 10000
 	}
+	if st.Batches > 0 {
+		r.perBatch = float64(st.Calls) / float64(st.Batches)
+	}
 	if hwmErr == nil {
 		r.rssMB = float64(hwm) / 1024
 	} else {
