@@ -194,12 +194,8 @@ func plainStringJSON(v *fastjson.Value, scratch *[]byte) ([]byte, bool) {
 	if len(raw) < 2 || raw[0] != '"' {
 		return nil, false
 	}
-	for _, c := range raw[1 : len(raw)-1] {
-		if c == '\\' || c < 0x20 {
-			return nil, false
-		}
-	}
-	if !utf8.Valid(raw) {
+	// No raw control characters: the answer was checked as JSON.
+	if bytes.IndexByte(raw, '\\') >= 0 || !utf8.Valid(raw) {
 		return nil, false // encoding/json puts U+FFFD for each bad byte
 	}
 	return raw, true
