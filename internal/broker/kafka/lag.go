@@ -2,10 +2,12 @@ package kafka
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 )
 
 // TierLag is the group's lag on one retry tier's topic.
@@ -31,12 +33,9 @@ func (c *Client) RetryLag(ctx context.Context) ([]TierLag, error) {
 		return nil, nil
 	}
 	adm := kadm.NewClient(c.cl)
-	committed, err := adm.FetchOffsets(ctx, c.group)
+	committed, err := groupOffsets(ctx, adm, c.group)
 	if err != nil {
-		return nil, fmt.Errorf("fetch the group's offsets: %w", err)
-	}
-	if err := committed.Error(); err != nil {
-		return nil, fmt.Errorf("fetch the group's offsets: %w", err)
+		return nil, err
 	}
 	ends, err := adm.ListEndOffsets(ctx, topics...)
 	if err != nil {
@@ -107,15 +106,29 @@ func (c *Client) Backlog(ctx context.Context) (lag, produced int64, err error) {
 	return lag, produced, failed
 }
 
-// groupLag reads the consumer group's committed offsets and returns how a
-// partition's lag is counted from them (partitionLag).
-func (c *Client) groupLag(ctx context.Context, adm *kadm.Client) (func(end kadm.ListedOffset, starts kadm.ListedOffsets) int64, error) {
-	committed, err := adm.FetchOffsets(ctx, c.o.Group)
+// groupOffsets reads a group's committed offsets. A group the broker does
+// not know yet (kfake makes one only when a member joins) has committed
+// nothing, which is no error for a lag.
+func groupOffsets(ctx context.Context, adm *kadm.Client, group string) (kadm.OffsetResponses, error) {
+	committed, err := adm.FetchOffsets(ctx, group)
+	if errors.Is(err, kerr.GroupIDNotFound) {
+		return nil, nil
+	}
+	if err == nil {
+		err = committed.Error()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("fetch the group's offsets: %w", err)
 	}
-	if err := committed.Error(); err != nil {
-		return nil, fmt.Errorf("fetch the group's offsets: %w", err)
+	return committed, nil
+}
+
+// groupLag reads the consumer group's committed offsets and returns how a
+// partition's lag is counted from them (partitionLag).
+func (c *Client) groupLag(ctx context.Context, adm *kadm.Client) (func(end kadm.ListedOffset, starts kadm.ListedOffsets) int64, error) {
+	committed, err := groupOffsets(ctx, adm, c.o.Group)
+	if err != nil {
+		return nil, err
 	}
 	return func(end kadm.ListedOffset, starts kadm.ListedOffsets) int64 {
 		return partitionLag(end, committed, starts, c.settledUpTo(end.Topic, end.Partition))

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"handoff.dev/handoff/internal/broker"
@@ -45,5 +46,31 @@ func TestRetryLag(t *testing.T) {
 	}
 	if lags[0].Tier != 500*time.Millisecond || lags[0].Lag != 1 || lags[1].Lag != 2 {
 		t.Errorf("lags %+v, want 1 and 2", lags)
+	}
+}
+
+// A group no member has joined yet counts its whole log as lag: kfake
+// answers GROUP_ID_NOT_FOUND where Apache Kafka answers with no offsets,
+// and neither is an error for a lag.
+func TestLagOfAGroupNotYetJoined(t *testing.T) {
+	topic := "lag-unjoined"
+	addrs := cluster(t, topic)
+	produce(t, addrs, &kgo.Record{Topic: topic, Value: []byte("a")}, &kgo.Record{Topic: topic, Value: []byte("b")})
+	adm := kadm.NewClient(adminClient(t, addrs))
+	committed, err := groupOffsets(context.Background(), adm, "never-joined")
+	if err != nil {
+		t.Fatalf("offsets of a group not yet joined: %v", err)
+	}
+	ends, err := adm.ListEndOffsets(context.Background(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	starts, err := adm.ListStartOffsets(context.Background(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	end, _ := ends.Lookup(topic, 0)
+	if lag := partitionLag(end, committed, starts, -1); lag != 2 {
+		t.Errorf("lag = %d, want 2 (the whole log)", lag)
 	}
 }
