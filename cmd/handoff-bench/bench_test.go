@@ -234,3 +234,46 @@ func TestSlowestBySecond(t *testing.T) {
 		t.Errorf("no arrivals: %v, want none", got)
 	}
 }
+
+// A paired row shows its median round, field by field, leaves failed rounds
+// out and names them, and lists the rounds' rates; the targets read it as a
+// measurement.
+func TestMedianOfRounds(t *testing.T) {
+	rounds := []row{
+		{name: "Kafka sidecar, ordering none, journal batch", rate: 30000, cpu: 0.30, rssMB: 90, anonMB: 50, calls: 1},
+		{name: "Kafka sidecar, ordering none, journal batch", note: "failed: consumer exited"},
+		{name: "Kafka sidecar, ordering none, journal batch", rate: 20000, cpu: 0.40, rssMB: 80, anonMB: 60, calls: 1},
+		{name: "Kafka sidecar, ordering none, journal batch", rate: 25000, cpu: 0.20, rssMB: 100, anonMB: 55, calls: 1},
+	}
+	m := median(rounds)
+	if m.rate != 25000 || m.cpu != 0.30 || m.rssMB != 90 || m.anonMB != 55 || m.note != "" {
+		t.Errorf("median = %+v, want rate 25000, cpu 0.30, rss 90, anon 55 and no note", m)
+	}
+	note := m.shownNote()
+	for _, want := range []string{"median of 3 rounds (30000, 20000, 25000 msg/s)", "1 of 4 rounds failed (failed: consumer exited)"} {
+		if !strings.Contains(note, want) {
+			t.Errorf("note %q lacks %q", note, want)
+		}
+	}
+	if got := medianOf([]float64{4, 1, 3, 2}, func(v float64) float64 { return v }); got != 2.5 {
+		t.Errorf("median of an even count = %v, want 2.5", got)
+	}
+	if f := median(rounds[1:2]); f.note == "" {
+		t.Error("a row whose every round failed lost its failure")
+	}
+	if one := median(rounds[:1]); one.shownNote() != "" {
+		t.Errorf("a row run once shows %q", one.shownNote())
+	}
+
+	lat := medianLatency([]latencyRow{
+		{name: "Kafka baseline", p50: 3 * time.Millisecond, p99: 40 * time.Millisecond},
+		{name: "Kafka baseline", p50: 5 * time.Millisecond, p99: 900 * time.Millisecond},
+		{name: "Kafka baseline", p50: 4 * time.Millisecond, p99: 20 * time.Millisecond},
+	})
+	if lat.p50 != 4*time.Millisecond || lat.p99 != 40*time.Millisecond || lat.note != "" {
+		t.Errorf("paced median = %+v, want p50 4ms, p99 40ms, no note", lat)
+	}
+	if want := "median of 3 rounds (p99 40ms, 900ms, 20ms)"; lat.shownNote() != want {
+		t.Errorf("paced note %q, want %q", lat.shownNote(), want)
+	}
+}

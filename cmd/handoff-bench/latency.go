@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,6 +22,9 @@ type latencyRow struct {
 	p50, p99 time.Duration
 	note     string
 	slow     []int64 // the slowest arrival of each second, ms
+	// rounds lists a median row's rounds (latencyPairs); empty for a row
+	// run once.
+	rounds string
 }
 
 // pacedDuration is how long a latency run publishes.
@@ -207,38 +211,108 @@ func rabbitLatencyRows(o options, baseRate, sidecarRate float64) []latencyRow {
 
 // latencyPairs runs a baseline row and a sidecar row at a third of the
 // baseline's drain rate (the publisher shares the cores: at half, the
-// baseline's own tail is seconds here), then again at a quarter of the
-// sidecar's. source is the
-// sidecar's source for a queue or topic, baseline the baseline for it (run
-// names its profile). Each of the four runs writes a profile of its own.
+// baseline's own tail is seconds here), in turn o.rounds times, each shown
+// as its median round (paired.go); then once each at a quarter of the
+// sidecar's. source is the sidecar's source for a queue or topic, baseline
+// the baseline for it (run names its profile). Each run writes a profile of
+// its own.
 func latencyPairs(o options, pb pacedBroker, baseName, sidecarName string, baseRate, sidecarRate float64,
 	source func(dest string) string, baseline func(dest, run string) starter) []latencyRow {
 	pace := "third"
-	run := func(name string, rate float64, sidecar bool) (latencyRow, error) {
+	run := func(o options, name string, rate float64, sidecar bool) latencyRow {
 		profile := name + ", paced " + pace
-		return latency(o, pb, name, profile, rate, func(dest string) starter {
+		r, err := latency(o, pb, name, profile, rate, func(dest string) starter {
 			if sidecar {
 				return sidecarStarter(o, profile, source(dest), "batch", false)
 			}
 			return baseline(dest, profile)
 		})
-	}
-	var rows []latencyRow
-	add := func(r latencyRow, err error) {
 		if err != nil {
 			r.note = "failed: " + err.Error()
 		}
-		fmt.Printf("%-44s paced %6.0f msg/s  p50 %8v  p99 %8v  %s\n", r.name, r.rate, r.p50, r.p99, r.note)
+		return r
+	}
+	show := func(r latencyRow) {
+		fmt.Printf("%-44s paced %6.0f msg/s  p50 %8v  p99 %8v  %s\n", r.name, r.rate, r.p50, r.p99, r.shownNote())
+	}
+	var rows []latencyRow
+	var base, side []latencyRow
+	for round := 1; round <= max(o.rounds, 1); round++ {
+		ro := o
+		if o.rounds > 1 {
+			ro.side = fmt.Sprintf("round-%d", round)
+		}
+		for _, sidecar := range []bool{false, true} {
+			name := baseName + ", a third of its drain rate"
+			if sidecar {
+				name = sidecarName + ", same load"
+			}
+			r := run(ro, name, baseRate/3, sidecar)
+			if o.rounds > 1 {
+				shown := r
+				shown.name += fmt.Sprintf(" [round %d]", round)
+				show(shown)
+			}
+			if sidecar {
+				side = append(side, r)
+			} else {
+				base = append(base, r)
+			}
+		}
+	}
+	for _, rs := range [][]latencyRow{base, side} {
+		r := medianLatency(rs)
+		show(r)
 		rows = append(rows, r)
 	}
-	add(run(baseName+", a third of its drain rate", baseRate/3, false))
-	add(run(sidecarName+", same load", baseRate/3, true))
 	if sidecarRate > 0 {
 		pace = "quarter"
-		add(run(baseName+", a quarter of the sidecar's drain rate", sidecarRate/4, false))
-		add(run(sidecarName+", same load", sidecarRate/4, true))
+		for _, r := range []latencyRow{
+			run(o, baseName+", a quarter of the sidecar's drain rate", sidecarRate/4, false),
+			run(o, sidecarName+", same load", sidecarRate/4, true),
+		} {
+			show(r)
+			rows = append(rows, r)
+		}
 	}
 	return rows
+}
+
+// shownNote is a paced row's note column: its note and its rounds.
+func (r latencyRow) shownNote() string {
+	if r.note == "" || r.rounds == "" {
+		return r.note + r.rounds
+	}
+	return r.note + "; " + r.rounds
+}
+
+// medianLatency is a paced row's median round: its p50 and p99 each the
+// median of the rounds that did not fail, the rounds' p99 in its note.
+func medianLatency(rounds []latencyRow) latencyRow {
+	var ok []latencyRow
+	failed := 0
+	for _, r := range rounds {
+		if r.note == "" {
+			ok = append(ok, r)
+		} else {
+			failed++
+		}
+	}
+	if len(ok) == 0 || len(rounds) == 1 {
+		return rounds[0]
+	}
+	m := ok[0]
+	m.p50 = time.Duration(medianOf(ok, func(r latencyRow) float64 { return float64(r.p50) })).Round(time.Microsecond)
+	m.p99 = time.Duration(medianOf(ok, func(r latencyRow) float64 { return float64(r.p99) })).Round(time.Microsecond)
+	p99s := make([]string, len(ok))
+	for i, r := range ok {
+		p99s[i] = r.p99.Round(100 * time.Microsecond).String()
+	}
+	m.rounds = fmt.Sprintf("median of %d rounds (p99 %s)", len(ok), strings.Join(p99s, ", "))
+	if failed > 0 {
+		m.rounds += fmt.Sprintf("; %d of %d rounds failed", failed, len(rounds))
+	}
+	return m
 }
 
 // pacedRounds runs the paced rows alone at o.paced, o.rounds times: the

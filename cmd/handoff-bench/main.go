@@ -96,7 +96,7 @@ func runHarness(args []string) error {
 	fs.StringVar(&o.compare, "compare", "", "another sidecar binary: run only the single-message sidecar rows (the batch rows with -batch), alternating the two binaries, and print them")
 	fs.BoolVar(&o.compareIDs, "compare-ids", false, "like -compare, but alternate random message ids with time-ordered ones on the one sidecar binary")
 	fs.BoolVar(&o.compareMetrics, "compare-metrics", false, "like -compare, but alternate metrics on with metrics off on the one sidecar binary")
-	fs.IntVar(&o.rounds, "rounds", 3, "rounds of -compare, -compare-ids or -compare-metrics")
+	fs.IntVar(&o.rounds, "rounds", 3, "rounds of -compare, -compare-ids or -compare-metrics; in the table, rounds of the rows the targets compare, run in turn (each shown as its median round)")
 	fs.BoolVar(&o.batch, "batch", false, "with -compare or -compare-ids: compare the batch-delivery rows instead")
 	fs.BoolVar(&o.timeIDs, "time-ids", false, "message ids that sort by time (UUIDv7-shaped) instead of random ones")
 	fs.Float64Var(&o.paced, "paced", 0, "run only the latency rows at this rate (msgs/s), -rounds times: the baseline and the sidecar, or with -compare the two sidecars, in turn")
@@ -158,66 +158,74 @@ func runHarness(args []string) error {
 		fmt.Println(r.line(ceil.rate))
 	}
 	if o.only != "kafka" {
-		base, err := rabbitBaseline(o)
-		add(base, err)
+		pr := paired(o, rabbitBaseline,
+			func(o options) (row, error) { return rabbitSidecar(o, "batch", false, false) },
+			func(o options) (row, error) { return rabbitSidecar(o, "batch", false, true) })
+		base, side, batched := pr[0], pr[1], pr[2]
+		add(base, nil)
 		modes := []string{"batch", "none", "always"}
 		if o.skipSlow {
 			modes = modes[:2]
 		}
-		var single float64 // the sidecar's rate with journal batch
+		single := side.rate // the sidecar's rate with journal batch
 		for _, mode := range modes {
-			r, err := rabbitSidecar(o, mode, false, false)
-			r.vsBase = ratio(r.rate, base.rate)
-			add(r, err)
 			if mode == "batch" {
-				single = r.rate
+				side.vsBase = ratio(side.rate, base.rate)
+				add(side, nil)
 				off := o
 				off.metricsOff = true
 				m, err := rabbitSidecar(off, mode, false, false)
 				m.vsBase = ratio(m.rate, base.rate)
 				add(m, err)
-				costs = append(costs, metricsCost{"RabbitMQ", r, m})
+				costs = append(costs, metricsCost{"RabbitMQ", side, m})
+				continue
 			}
+			r, err := rabbitSidecar(o, mode, false, false)
+			r.vsBase = ratio(r.rate, base.rate)
+			add(r, err)
 		}
 		r, err := rabbitSidecar(o, "batch", true, false)
 		add(r, err)
-		r, err = rabbitSidecar(o, "batch", false, true)
-		r.vsBase = ratio(r.rate, base.rate)
-		add(r, err)
+		batched.vsBase = ratio(batched.rate, base.rate)
+		add(batched, nil)
 		if base.rate > 0 {
 			lat = rabbitLatencyRows(o, base.rate, single)
 		}
 	}
 	if o.only != "rabbitmq" {
-		kbase, err := kafkaBaseline(o)
-		add(kbase, err)
+		pr := paired(o, kafkaBaseline,
+			func(o options) (row, error) { return kafkaSidecar(o, "none", false, false) },
+			func(o options) (row, error) { return kafkaSidecar(o, "none", false, true) })
+		kbase, side, batched := pr[0], pr[1], pr[2]
+		add(kbase, nil)
 		orderings := []string{"none", "key", "partition"}
 		if o.skipSlow {
 			orderings = orderings[:2]
 		}
-		var single float64 // the sidecar's rate, ordering none
+		single := side.rate // the sidecar's rate, ordering none
 		for _, ord := range orderings {
-			r, err := kafkaSidecar(o, ord, false, false)
-			r.vsBase = ratio(r.rate, kbase.rate)
-			add(r, err)
 			if ord == "none" {
-				single = r.rate
+				side.vsBase = ratio(side.rate, kbase.rate)
+				add(side, nil)
 				off := o
 				off.metricsOff = true
 				m, err := kafkaSidecar(off, ord, false, false)
 				m.vsBase = ratio(m.rate, kbase.rate)
 				add(m, err)
-				costs = append(costs, metricsCost{"Kafka", r, m})
+				costs = append(costs, metricsCost{"Kafka", side, m})
+				continue
 			}
+			r, err := kafkaSidecar(o, ord, false, false)
+			r.vsBase = ratio(r.rate, kbase.rate)
+			add(r, err)
 		}
 		if kbase.rate > 0 {
 			lat = append(lat, kafkaLatencyRows(o, kbase.rate, single)...)
 		}
 		r, err := kafkaSidecar(o, "none", true, false)
 		add(r, err)
-		r, err = kafkaSidecar(o, "none", false, true)
-		r.vsBase = ratio(r.rate, kbase.rate)
-		add(r, err)
+		batched.vsBase = ratio(batched.rate, kbase.rate)
+		add(batched, nil)
 
 		// Through a share group, against a share consumer written on
 		// franz-go.
@@ -243,7 +251,7 @@ func runHarness(args []string) error {
 		}
 	}
 
-	md := render(o, rows, ceil.rate, time.Since(started)) + renderTargets(rows, lat) + renderCosts(costs) + renderLatency(lat) + kept(o.out)
+	md := render(o, rows, ceil.rate, time.Since(started)) + renderTargets(rows, lat) + renderCosts(costs) + renderLatency(o, lat) + kept(o.out)
 	if err := os.WriteFile(o.out, []byte(md), 0o644); err != nil {
 		return err
 	}
@@ -332,6 +340,10 @@ type row struct {
 	// batch row that drains slowly shows whether its batches went out part
 	// full. Zero for single-message rows.
 	perBatch float64
+	// rounds are the rates of a paired row's rounds (paired.go), and
+	// roundsFailed says which failed; empty for a row run once.
+	rounds       []float64
+	roundsFailed string
 }
 
 func (r row) line(ceil float64) string {
@@ -339,16 +351,19 @@ func (r row) line(ceil float64) string {
 		r.name, r.rate, r.calls, r.cpu, r.rssMB, r.anonMB, r.vsBase, ratio(r.rate, ceil), r.shownNote())
 }
 
-// shownNote is the row's note column: its note, and the messages a batch.
+// shownNote is the row's note column: its note, its rounds, and the
+// messages a batch.
 func (r row) shownNote() string {
-	if r.perBatch == 0 {
-		return r.note
+	var parts []string
+	for _, p := range []string{r.note, r.roundsNote()} {
+		if p != "" {
+			parts = append(parts, p)
+		}
 	}
-	batch := fmt.Sprintf("%.1f messages a batch", r.perBatch)
-	if r.note == "" {
-		return batch
+	if r.perBatch > 0 {
+		parts = append(parts, fmt.Sprintf("%.1f messages a batch", r.perBatch))
 	}
-	return r.note + "; " + batch
+	return strings.Join(parts, "; ")
 }
 
 func render(o options, rows []row, ceil float64, took time.Duration) string {
@@ -365,6 +380,9 @@ func render(o options, rows []row, ceil float64, took time.Duration) string {
 		"success. *CPU* (rusage) and peak *RSS* (VmHWM) are the consumer process's own: the sidecar, or the hand-written\n" +
 		"baseline (prefetch 256 or a poll loop, 64 workers posting over pooled keep-alive connections, ack or\n" +
 		"commit on 2xx). The ceiling is the same app driven by a plain load loop of 64 workers, no broker.\n" +
+		"The rows the targets compare (each broker's baseline, its sidecar one message a request and in\n" +
+		"batches of 64) run in turn, " + fmt.Sprint(o.rounds) + " rounds, so that the machine's drift from minute to minute falls on\n" +
+		"both sides; each shows its median round, field by field, and the note lists the rounds' rates.\n" +
 		"*mixed* runs answer 10% of messages 500 on their first attempt and 1% 422: *calls/msg* is the\n" +
 		"amplification, and every message ends handled or dead-lettered. The *kfake* rows run on franz-go's\n" +
 		"embedded broker, inside the harness process, with the data in memory. RSS counts the pages of\n" +
@@ -401,8 +419,8 @@ func renderCosts(costs []metricsCost) string {
 	var b strings.Builder
 	b.WriteString("\n## What the metrics cost\n\nThe sidecar rows above run with their metrics on (served on `telemetry.metrics_listen`, tracing\n" +
 		"off), as a scraped sidecar does; the *metrics off* rows run the same with no `metrics_listen` and no\n" +
-		"OTLP endpoint, when nothing is measured. One run each: `handoff-bench -compare-metrics` alternates\n" +
-		"the two for several rounds.\n\n")
+		"OTLP endpoint, when nothing is measured. The metrics-off row runs once (the metrics-on row is the\n" +
+		"median of its rounds): `handoff-bench -compare-metrics` alternates the two for several rounds.\n\n")
 	b.WriteString("| broker | CPU s / 10k, on | CPU s / 10k, off | CPU per message | rate, on ÷ off |\n|---|---:|---:|---:|---:|\n")
 	for _, c := range costs {
 		if c.on.note != "" || c.off.note != "" || c.off.cpu == 0 || c.off.rate == 0 {
@@ -413,18 +431,19 @@ func renderCosts(costs []metricsCost) string {
 	return b.String()
 }
 
-func renderLatency(rows []latencyRow) string {
+func renderLatency(o options, rows []latencyRow) string {
 	if len(rows) == 0 {
 		return ""
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n## Latency under a paced load\n\nMessages are published at a fixed rate for %v into an empty queue or topic while the\n"+
 		"consumer runs, the baseline and the sidecar in pairs at the same load: a third of the baseline's\n"+
-		"drain rate above, then a quarter of the sidecar's (with a publisher sharing the cores, half of a\n"+
-		"drain rate can already be more than a consumer sustains). Latency is from publish to the app's receipt.\n\n", pacedDuration)
+		"drain rate above, in turn for %d rounds, each side shown as its median round; then once each at a quarter\n"+
+		"of the sidecar's (with a publisher sharing the cores, half of a drain rate can already be more than a\n"+
+		"consumer sustains). Latency is from publish to the app's receipt.\n\n", pacedDuration, o.rounds)
 	b.WriteString("| run | paced msgs/s | p50 | p99 | note |\n|---|---:|---:|---:|---|\n")
 	for _, r := range rows {
-		fmt.Fprintf(&b, "| %s | %.0f | %v | %v | %s |\n", r.name, r.rate, r.p50, r.p99, r.note)
+		fmt.Fprintf(&b, "| %s | %.0f | %v | %v | %s |\n", r.name, r.rate, r.p50, r.p99, r.shownNote())
 	}
 	// Each baseline row is followed by the sidecar at the same load.
 	for i := 0; i+1 < len(rows); i++ {
