@@ -78,6 +78,7 @@ func benchEngine(b *testing.B, kind benchKind, journalKind string, batch int) {
 		b.Fatal(err)
 	}
 	var jr Journal = noopJournal{}
+	var bj *journal.Journal
 	var commits atomic.Int64
 	if journalKind == "bbolt" {
 		j, _, err := journal.Open(filepath.Join(b.TempDir(), "journal.db"), journal.Options{
@@ -93,7 +94,7 @@ func benchEngine(b *testing.B, kind benchKind, journalKind string, batch int) {
 			b.Fatal(err)
 		}
 		defer func() { _ = j.Close() }()
-		jr = j
+		jr, bj = j, j
 	}
 	r := def.Retry
 	tiers := make([]time.Duration, len(r.Tiers))
@@ -139,6 +140,11 @@ func benchEngine(b *testing.B, kind benchKind, journalKind string, batch int) {
 		// A group commit's fsyncs are most of the journal's cost: how
 		// many messages share one says how well the writer groups them.
 		b.ReportMetric(float64(b.N)/float64(max(commits.Load(), 1)), "msgs/commit")
+		// What the journal keeps a message: the parts a hand-off's records
+		// were written in, their keys and links.
+		if st, err := bj.Stats(); err == nil {
+			b.ReportMetric(float64(st.InUse)/float64(b.N), "bytes/msg")
+		}
 	}
 }
 
