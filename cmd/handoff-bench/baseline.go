@@ -32,11 +32,24 @@ func post(c *http.Client, url, id string, body []byte) bool { return postSent(c,
 
 // postSent posts like post, passing sent on as X-Sent (for latency runs).
 func postSent(c *http.Client, url, id, sent string, body []byte) bool {
+	return postWith(c, url, id, sent, body, nil)
+}
+
+// postWith posts like postSent, with headers besides; with a Ce-Id among
+// them when given any, instead of X-Id.
+func postWith(c *http.Client, url, id, sent string, body []byte, headers http.Header) bool {
 	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return false
 	}
-	req.Header.Set("X-Id", id)
+	if headers != nil {
+		for k, v := range headers {
+			req.Header[k] = v
+		}
+		req.Header.Set("Ce-Id", id)
+	} else {
+		req.Header.Set("X-Id", id)
+	}
 	if sent != "" {
 		req.Header.Set("X-Sent", sent)
 	}

@@ -277,3 +277,21 @@ func TestMedianOfRounds(t *testing.T) {
 		t.Errorf("paced note %q, want %q", lat.shownNote(), want)
 	}
 }
+
+// The contract's cost to the app is read from the two ceilings, and left
+// out when either is missing.
+func TestContractCost(t *testing.T) {
+	rows := []row{
+		{name: "ceiling: load loop → app (no broker)", rate: 30000, appCPU: 0.25},
+		{name: "ceiling, the sidecar's headers: load loop → app (no broker)", rate: 27000, appCPU: 0.30},
+	}
+	got := contractCost(rows)
+	for _, want := range []string{"0.90× the one without", "+20% (0.30 against 0.25 s/10k)"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("%q lacks %q", got, want)
+		}
+	}
+	if got := contractCost(rows[:1]); got != "" {
+		t.Errorf("with one ceiling: %q", got)
+	}
+}

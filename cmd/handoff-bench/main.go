@@ -141,14 +141,12 @@ func runHarness(args []string) error {
 	var lat []latencyRow
 	var costs []metricsCost
 
-	app, err := startApp(o, "", false)
-	if err != nil {
-		return err
+	ceils := paired(o, func(o options) (row, error) { return ceiling(o, false) }, func(o options) (row, error) { return ceiling(o, true) })
+	ceil := ceils[0]
+	rows = append(rows, ceils...)
+	for _, c := range ceils {
+		fmt.Println(c.line(ceil.rate))
 	}
-	ceil := ceiling(app.url, o.n)
-	app.stop()
-	rows = append(rows, ceil)
-	fmt.Println(ceil.line(ceil.rate))
 
 	add := func(r row, err error) {
 		if err != nil {
@@ -340,6 +338,8 @@ type row struct {
 	// batch row that drains slowly shows whether its batches went out part
 	// full. Zero for single-message rows.
 	perBatch float64
+	// appCPU is the app's CPU seconds per 10k requests, in a ceiling row.
+	appCPU float64
 	// rounds are the rates of a paired row's rounds (paired.go), and
 	// roundsFailed says which failed; empty for a row run once.
 	rounds       []float64
@@ -355,7 +355,11 @@ func (r row) line(ceil float64) string {
 // messages a batch.
 func (r row) shownNote() string {
 	var parts []string
-	for _, p := range []string{r.note, r.roundsNote()} {
+	app := ""
+	if r.appCPU > 0 {
+		app = fmt.Sprintf("the app's CPU %.2f s/10k", r.appCPU)
+	}
+	for _, p := range []string{r.note, app, r.roundsNote()} {
 		if p != "" {
 			parts = append(parts, p)
 		}
@@ -379,7 +383,9 @@ func render(o options, rows []row, ceil float64, took time.Duration) string {
 		"process that answers each POST at once. *rate* runs from the app's first call to its last new\n" +
 		"success. *CPU* (rusage) and peak *RSS* (VmHWM) are the consumer process's own: the sidecar, or the hand-written\n" +
 		"baseline (prefetch 256 or a poll loop, 64 workers posting over pooled keep-alive connections, ack or\n" +
-		"commit on 2xx). The ceiling is the same app driven by a plain load loop of 64 workers, no broker.\n" +
+		"commit on 2xx). The ceiling is the same app driven by a plain load loop of 64 workers, no broker;\n" +
+		"the second ceiling sends the headers the sidecar's requests carry (CloudEvents binary mode and the\n" +
+		"Handoff-* ones), which the app parses too: the floor they set under any consumer of the contract.\n" +
 		"The rows the targets compare (each broker's baseline, its sidecar one message a request and in\n" +
 		"batches of 64) run in turn, " + fmt.Sprint(o.rounds) + " rounds, so that the machine's drift from minute to minute falls on\n" +
 		"both sides; each shows its median round, field by field, and the note lists the rounds' rates.\n" +

@@ -75,6 +75,7 @@ func median(rounds []row) row {
 	m.rssMB = medianOf(ok, func(r row) float64 { return r.rssMB })
 	m.anonMB = medianOf(ok, func(r row) float64 { return r.anonMB })
 	m.perBatch = medianOf(ok, func(r row) float64 { return r.perBatch })
+	m.appCPU = medianOf(ok, func(r row) float64 { return r.appCPU })
 	m.drain = time.Duration(medianOf(ok, func(r row) float64 { return float64(r.drain) }))
 	for _, r := range ok {
 		m.rounds = append(m.rounds, r.rate)

@@ -170,11 +170,36 @@ func (st appStats) rate(n int) float64 {
 	return float64(n) / d.Seconds()
 }
 
-// ceiling drives the app with a plain load loop: the loopback limit.
-func ceiling(url string, n int) row {
+// ceiling drives the app with a plain load loop: the loopback limit. With
+// contract, each request carries the headers the sidecar's do (the
+// CloudEvents attributes and Handoff-*, its User-Agent): what they cost
+// the app is the floor they set under any consumer that speaks the
+// contract.
+func ceiling(o options, contract bool) (row, error) {
+	name := "ceiling: load loop → app (no broker)"
+	if contract {
+		name = "ceiling, the sidecar's headers: load loop → app (no broker)"
+	}
+	r := row{name: name, calls: 1, noProcs: true}
+	a, err := startApp(o, "", false)
+	if err != nil {
+		return r, err
+	}
 	const workers = 64
 	client := appClient(workers)
 	body := bodies(3)("c")
+	var headers http.Header
+	if contract {
+		headers = http.Header{
+			"User-Agent":          {"handoff"},
+			"Ce-Specversion":      {"1.0"},
+			"Ce-Source":           {"/kafka/bench-ceiling"},
+			"Ce-Type":             {"handoff.message"},
+			"Handoff-Attempt":     {"1"},
+			"Handoff-Deadline":    {time.Now().Add(time.Hour).UTC().Format("2006-01-02T15:04:05.000Z07:00")},
+			"Handoff-Redelivered": {"false"},
+		}
+	}
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -182,13 +207,18 @@ func ceiling(url string, n int) row {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
-				post(client, url, fmt.Sprint("c-", i), body)
+			for i := next.Add(1); i <= int64(o.n); i = next.Add(1) {
+				postWith(client, a.url, fmt.Sprint("c-", i), "", body, headers)
 			}
 		}()
 	}
 	wg.Wait()
-	return row{name: "ceiling: load loop → app (no broker)", rate: float64(n) / time.Since(start).Seconds(), calls: 1, noProcs: true}
+	r.rate = float64(o.n) / time.Since(start).Seconds()
+	a.stop()
+	if ru, ok := a.cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		r.appCPU = time.Duration(ru.Utime.Nano()+ru.Stime.Nano()).Seconds() / float64(o.n) * 10000
+	}
+	return r, nil
 }
 
 // consumer runs a consumer process until the app has seen every message end.

@@ -129,7 +129,30 @@ func renderTargets(rows []row, lat []latencyRow) string {
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", t.what, t.goal, v, t.verdict())
 	}
+	b.WriteString(contractCost(rows))
 	return b.String()
+}
+
+// contractCost says what the contract's headers cost the app, from the two
+// ceilings: its rate with them against without, and its CPU a request.
+func contractCost(rows []row) string {
+	var plain, contract row
+	for _, r := range rows {
+		switch {
+		case r.note != "" || r.rate == 0:
+		case strings.HasPrefix(r.name, "ceiling:"):
+			plain = r
+		case strings.HasPrefix(r.name, "ceiling, the sidecar's headers"):
+			contract = r
+		}
+	}
+	if plain.rate == 0 || contract.rate == 0 || plain.appCPU == 0 {
+		return ""
+	}
+	return fmt.Sprintf("\nThe rates above are what the app allows. With the headers the sidecar's requests carry, the app's\n"+
+		"ceiling is %.2f× the one without, and its CPU a request %+.0f%% (%.2f against %.2f s/10k): the floor the\n"+
+		"contract sets under the sidecar's rate, which the baseline, posting bare requests, does not pay.\n",
+		contract.rate/plain.rate, 100*(contract.appCPU/plain.appCPU-1), contract.appCPU, plain.appCPU)
 }
 
 // keptMarker starts the part of the output file written by hand: it is
