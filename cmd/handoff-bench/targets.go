@@ -119,8 +119,8 @@ func renderTargets(rows []row, lat []latencyRow) string {
 	var b strings.Builder
 	b.WriteString("\n## Targets\n\nThe goals this table is read against, with this run's figures. Ratios are taken within the run,\n" +
 		"between the median rounds of rows run in turn, so a slower stretch of the machine moves every rate\n" +
-		"but not the ratios much; the journal's bytes per\n" +
-		"hand-off come from its own benchmark (`BenchmarkHandoffs`, in the `go test -bench` output of `make bench`).\n\n")
+		"but not the ratios much; the journal's bytes per hand-off come from its own benchmark\n" +
+		"(`BenchmarkHandoffs`, in the `go test -bench` output of `make bench`).\n\n")
 	b.WriteString("| target | goal | this run | |\n|---|---|---:|---|\n")
 	for _, t := range targets(rows, lat) {
 		v := "—"
