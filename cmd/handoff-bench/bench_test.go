@@ -295,3 +295,27 @@ func TestContractCost(t *testing.T) {
 		t.Errorf("with one ceiling: %q", got)
 	}
 }
+
+// Rows run in turn, A B A B, each knowing its round (the profiles' names),
+// and only several rounds are shown one by one.
+func TestInTurn(t *testing.T) {
+	var order []string
+	run := func(tag string) func(options) string {
+		return func(o options) string { order = append(order, tag+o.side); return tag + o.side }
+	}
+	shown := 0
+	got := inTurn(options{rounds: 2}, []func(options) string{run("a"), run("b")}, func(string, int) { shown++ })
+	if want := []string{"around-1", "bround-1", "around-2", "bround-2"}; !slices.Equal(order, want) {
+		t.Errorf("order %v, want %v", order, want)
+	}
+	if len(got) != 2 || !slices.Equal(got[0], []string{"around-1", "around-2"}) || !slices.Equal(got[1], []string{"bround-1", "bround-2"}) {
+		t.Errorf("results %v", got)
+	}
+	if shown != 4 {
+		t.Errorf("%d rounds shown, want 4", shown)
+	}
+	shown = 0
+	if one := inTurn(options{rounds: 1}, []func(options) string{run("c")}, func(string, int) { shown++ }); !slices.Equal(one[0], []string{"c"}) || shown != 0 {
+		t.Errorf("one round: %v, %d shown; want [c] and none shown", one, shown)
+	}
+}

@@ -236,31 +236,17 @@ func latencyPairs(o options, pb pacedBroker, baseName, sidecarName string, baseR
 		fmt.Printf("%-44s paced %6.0f msg/s  p50 %8v  p99 %8v  %s\n", r.name, r.rate, r.p50, r.p99, r.shownNote())
 	}
 	var rows []latencyRow
-	var base, side []latencyRow
-	for round := 1; round <= max(o.rounds, 1); round++ {
-		ro := o
-		if o.rounds > 1 {
-			ro.side = fmt.Sprintf("round-%d", round)
-		}
-		for _, sidecar := range []bool{false, true} {
-			name := baseName + ", a third of its drain rate"
-			if sidecar {
-				name = sidecarName + ", same load"
-			}
-			r := run(ro, name, baseRate/3, sidecar)
-			if o.rounds > 1 {
-				shown := r
-				shown.name += fmt.Sprintf(" [round %d]", round)
-				show(shown)
-			}
-			if sidecar {
-				side = append(side, r)
-			} else {
-				base = append(base, r)
-			}
-		}
+	third := func(name string, sidecar bool) func(options) latencyRow {
+		return func(o options) latencyRow { return run(o, name, baseRate/3, sidecar) }
 	}
-	for _, rs := range [][]latencyRow{base, side} {
+	rounds := inTurn(o, []func(options) latencyRow{
+		third(baseName+", a third of its drain rate", false),
+		third(sidecarName+", same load", true),
+	}, func(r latencyRow, round int) {
+		r.name += fmt.Sprintf(" [round %d]", round)
+		show(r)
+	})
+	for _, rs := range rounds {
 		r := medianLatency(rs)
 		show(r)
 		rows = append(rows, r)

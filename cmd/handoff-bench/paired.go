@@ -24,28 +24,45 @@ type run func(o options) (row, error)
 // paired runs runs in turn, o.rounds times, printing each round's line,
 // and returns each one's median row.
 func paired(o options, runs ...run) []row {
-	rounds := make([][]row, len(runs))
+	each := make([]func(options) row, len(runs))
+	for i, fn := range runs {
+		each[i] = func(o options) row {
+			r, err := fn(o)
+			if err != nil {
+				r.note = "failed: " + err.Error()
+			}
+			return r
+		}
+	}
+	rounds := inTurn(o, each, func(r row, round int) {
+		r.name += fmt.Sprintf(" [round %d]", round)
+		fmt.Println(r.line(0))
+	})
+	out := make([]row, len(runs))
+	for i, rs := range rounds {
+		out[i] = median(rs)
+	}
+	return out
+}
+
+// inTurn runs runs in turn, o.rounds times (A B C, A B C, …), each with its
+// round in its options (the profiles' names), shows each result with its
+// round when there is more than one, and returns each run's results in
+// round order.
+func inTurn[T any](o options, runs []func(options) T, show func(r T, round int)) [][]T {
+	out := make([][]T, len(runs))
 	for round := 1; round <= max(o.rounds, 1); round++ {
 		ro := o
 		if o.rounds > 1 {
 			ro.side = fmt.Sprintf("round-%d", round)
 		}
 		for i, fn := range runs {
-			r, err := fn(ro)
-			if err != nil {
-				r.note = "failed: " + err.Error()
-			}
-			rounds[i] = append(rounds[i], r)
+			r := fn(ro)
+			out[i] = append(out[i], r)
 			if o.rounds > 1 {
-				shown := r
-				shown.name += fmt.Sprintf(" [round %d]", round)
-				fmt.Println(shown.line(0))
+				show(r, round)
 			}
 		}
-	}
-	out := make([]row, len(runs))
-	for i, rs := range rounds {
-		out[i] = median(rs)
 	}
 	return out
 }

@@ -22,6 +22,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"handoff.dev/handoff/internal/broker"
 )
 
 const bodySize = 1024
@@ -196,7 +198,7 @@ func ceiling(o options, contract bool) (row, error) {
 			"Ce-Source":           {"/kafka/bench-ceiling"},
 			"Ce-Type":             {"handoff.message"},
 			"Handoff-Attempt":     {"1"},
-			"Handoff-Deadline":    {time.Now().Add(time.Hour).UTC().Format("2006-01-02T15:04:05.000Z07:00")},
+			"Handoff-Deadline":    {time.Now().Add(time.Hour).UTC().Format(broker.TimeLayout)},
 			"Handoff-Redelivered": {"false"},
 		}
 	}
