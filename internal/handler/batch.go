@@ -314,6 +314,14 @@ func (h *HTTP) SendBatch(ctx context.Context, reqs []*Request) (each []Result, w
 		// batch format would answer every part the same.
 		return nil, Result{Outcome: budget.Unknown, Status: a.status, Detail: "batch response unreadable: want {\"results\": [...]}"}, false
 	}
+	each = make([]Result, len(reqs))
+	if inOrder(results, reqs) {
+		// The usual answer: one result per event, in the request's order.
+		for i := range reqs {
+			each[i] = h.eventResult(results[i], a.status, end, 0)
+		}
+		return each, Result{}, false
+	}
 	byID := make(map[string]batchResult, len(results))
 	for _, r := range results {
 		if _, seen := byID[r.ID]; seen {
@@ -321,7 +329,6 @@ func (h *HTTP) SendBatch(ctx context.Context, reqs []*Request) (each []Result, w
 		}
 		byID[r.ID] = r
 	}
-	each = make([]Result, len(reqs))
 	for i, req := range reqs {
 		r, ok := byID[wireID(req.EventID)]
 		if res, matched := matchResult(ok, r.twice); !matched {
@@ -332,6 +339,21 @@ func (h *HTTP) SendBatch(ctx context.Context, reqs []*Request) (each []Result, w
 		each[i] = h.eventResult(r, a.status, end, 0)
 	}
 	return each, Result{}, false
+}
+
+// inOrder reports whether results answer reqs one for one, in order. A
+// batch never holds an id twice, so then each event has exactly one answer
+// and no look-up by id is needed.
+func inOrder(results []batchResult, reqs []*Request) bool {
+	if len(results) != len(reqs) {
+		return false
+	}
+	for i, req := range reqs {
+		if results[i].ID != wireID(req.EventID) {
+			return false
+		}
+	}
+	return true
 }
 
 // matchResult is the Result of an event whose answer in a batch response is

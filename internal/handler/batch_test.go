@@ -241,6 +241,21 @@ func TestBatchResponseNamingAnEventTwiceIsUnknown(t *testing.T) {
 	}
 }
 
+// Results are matched by id, whatever their order; an event the answer
+// leaves out is unknown.
+func TestBatchResponseInAnotherOrder(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, `{"results":[{"id":"o-3","status":422},{"id":"o-1","status":503}]}`)
+	}))
+	t.Cleanup(srv.Close)
+	b := NewBatcher(newClient(t, srv.URL, 8), BatchOptions{MaxMessages: 3, MaxWait: 100 * time.Millisecond})
+	defer b.Close()
+	res := deliverAll(b, attempt("o-1", nil, ""), attempt("o-2", nil, ""), attempt("o-3", nil, ""))
+	if res[0].Outcome != budget.Overload || res[1].Outcome != budget.Unknown || res[2].Outcome != budget.Permanent {
+		t.Fatalf("outcomes %v, %v (%s), %v; want overload, unknown and permanent", res[0].Outcome, res[1].Outcome, res[1].Detail, res[2].Outcome)
+	}
+}
+
 // TestEncodeBatchAttributes: every event of a batch is one JSON object with
 // each attribute once: the sidecar's own attributes win over a message
 // header of the same name, two spellings of one extension send one value

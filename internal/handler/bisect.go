@@ -80,8 +80,9 @@ func (s *bisection) run(batch []*pending, refund func()) {
 		if refund != nil {
 			refund()
 		}
+		took := s.took()
 		for i, p := range batch {
-			s.answer(p, each[i])
+			s.answer(p, each[i], took)
 		}
 		return
 	}
@@ -143,7 +144,7 @@ func (s *bisection) sendable(part []*pending, res Result) []*pending {
 	out := make([]*pending, 0, len(part))
 	for _, p := range part {
 		if p.ctx.Err() != nil || !p.r.Deadline.IsZero() && p.r.Deadline.Sub(now) < max(s.b.minCall, time.Millisecond) {
-			s.answer(p, res)
+			s.answer(p, res, now.Sub(s.start))
 			continue
 		}
 		out = append(out, p)
@@ -168,13 +169,18 @@ func (s *bisection) pay() (refund func(), why string) {
 	return refund, ""
 }
 
-func (s *bisection) answer(p *pending, res Result) {
-	res.Latency = s.b.now().Sub(s.start)
+// took is the time since the batch was first sent: the latency of every
+// answer its request brought, read once for all of them.
+func (s *bisection) took() time.Duration { return s.b.now().Sub(s.start) }
+
+func (s *bisection) answer(p *pending, res Result, took time.Duration) {
+	res.Latency = took
 	p.res <- res
 }
 
 func (s *bisection) answerAll(batch []*pending, res Result) {
+	took := s.took()
 	for _, p := range batch {
-		s.answer(p, res)
+		s.answer(p, res, took)
 	}
 }
