@@ -91,11 +91,22 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// hooks hold the client at points of its making, for tests.
+	hooks *madeHooks
 
 	// heldAtLeast is the fewest answered records held out of the window:
 	// zero means minAnsweredHeld, below zero none (tests of the factor
 	// alone).
 	heldAtLeast int
+}
+
+// madeHooks are called, when set, while a client is being made.
+type madeHooks struct {
+	// made: franz-go's NewClient returned, its group already joining;
+	// Client.cl is not set yet.
+	made func()
+	// startAtEnd: startAtEnd has fresh partitions and needs the client.
+	startAtEnd func()
 }
 
 // Client consumes a topic and its retry topics in one consumer group and
@@ -104,6 +115,10 @@ type Options struct {
 type Client struct {
 	o  Options
 	cl *kgo.Client
+	// clSet is closed once cl is set. franz-go starts the group's
+	// membership inside NewClient, so a hook that needs the client
+	// (startAtEnd) may run before NewClient has returned it.
+	clSet chan struct{}
 	// balancer is the group's own balancer (balance.go).
 	balancer *perTopicBalancer
 	log      *slog.Logger
@@ -255,6 +270,7 @@ func New(o Options) (*Client, error) {
 		retry:       map[string]bool{},
 		parts:       map[topicPartition]*partition{},
 		closed:      make(chan struct{}),
+		clSet:       make(chan struct{}),
 		balancer:    &perTopicBalancer{},
 	}
 	if o.Share && (o.TransactionalID != "" || (o.Ordering != "" && o.Ordering != broker.OrderNone)) {
@@ -318,7 +334,11 @@ func New(o Options) (*Client, error) {
 		if err != nil {
 			return nil, fmt.Errorf("kafka client: %w", err)
 		}
+		if o.hooks != nil && o.hooks.made != nil {
+			o.hooks.made()
+		}
 		c.cl = cl
+		close(c.clSet)
 		if o.Share {
 			if c.share, err = newShareSource(c); err != nil {
 				cl.Close()
@@ -332,6 +352,7 @@ func New(o Options) (*Client, error) {
 		return nil, fmt.Errorf("kafka transactional client: %w", err)
 	}
 	c.cl = s.Client()
+	close(c.clSet)
 	c.txn = newCommitter(c, s)
 	go c.txn.run()
 	return c, nil

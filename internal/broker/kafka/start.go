@@ -23,6 +23,15 @@ func (c *Client) startAtEnd(ctx context.Context, offsets map[string]map[int32]kg
 	if len(fresh) == 0 {
 		return offsets, nil
 	}
+	if h := c.o.hooks; h != nil && h.startAtEnd != nil {
+		h.startAtEnd()
+	}
+	// The group may have joined before NewClient returned the client.
+	select {
+	case <-c.clSet:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 	ends, err := kadm.NewClient(c.cl).ListEndOffsets(ctx, c.o.Topic)
 	if err == nil {
 		err = ends.Error()

@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -48,4 +49,37 @@ func TestStartAtEnd(t *testing.T) {
 		brokers, topic := brokertest.KafkaTopic(t, "start-at-end", 1)
 		run(t, brokers, topic)
 	})
+}
+
+// franz-go joins the group inside NewClient, so the offsets of a fresh
+// group may be adjusted before the client is returned: startAtEnd waits for
+// it instead of using a client not yet set.
+func TestStartAtEndBeforeTheClientIsReturned(t *testing.T) {
+	topic := fmt.Sprintf("start-at-end-early-%d", time.Now().UnixNano())
+	addrs := cluster(t, topic)
+	produce(t, addrs, &kgo.Record{Topic: topic, Value: []byte("before")})
+	reached := make(chan struct{})
+	var once sync.Once
+	hooks := &madeHooks{
+		startAtEnd: func() { once.Do(func() { close(reached) }) },
+		made: func() {
+			// Hold the client back until the group has joined and its
+			// offsets are being adjusted.
+			select {
+			case <-reached:
+			case <-time.After(30 * time.Second):
+				t.Error("the offsets were not adjusted while NewClient's client was held back")
+			}
+		},
+	}
+	c := newClientWith(t, Options{Brokers: addrs, Topic: topic, Group: brokertest.KafkaGroup(topic), StartAtEnd: true,
+		RevokeTimeout: 100 * time.Millisecond, hooks: hooks})
+	t.Cleanup(func() { _ = c.Close() })
+	testkit.Eventually(t, 30*time.Second, "the end committed", func() bool {
+		return committedOf(t, addrs, brokertest.KafkaGroup(topic), topic) == 1
+	})
+	produce(t, addrs, &kgo.Record{Topic: topic, Value: []byte("after")})
+	if v := string(consume(t, c, 1, 30*time.Second)[0].Message().Body); v != "after" {
+		t.Fatalf("first record taken: %q, want after", v)
+	}
 }
