@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +15,7 @@ import (
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/exemplar"
 	"go.opentelemetry.io/otel/sdk/resource"
 )
 
@@ -92,6 +94,12 @@ func NewMetrics(o MetricsOptions) (*Metrics, error) {
 	}
 	if o.Resource != nil {
 		opts = append(opts, sdkmetric.WithResource(o.Resource))
+	}
+	if os.Getenv("OTEL_METRICS_EXEMPLAR_FILTER") == "" {
+		// Measurements are recorded without a span in their context, so
+		// the default filter (a sampled span's) never takes one: it is
+		// only a check per measurement. The variable still chooses.
+		opts = append(opts, sdkmetric.WithExemplarFilter(exemplar.AlwaysOffFilter))
 	}
 	provider := sdkmetric.NewMeterProvider(append(opts,
 		// Attempts from a millisecond to a minute: an app's answers.
