@@ -25,6 +25,10 @@ const maxReplayHeader = 256
 // dead-letter ledger checks against the replays it holds.
 func (h *handoff) readReplay() bool {
 	hs := h.msg.Headers
+	if len(hs) < 3 {
+		// Too few headers to hold the three: most messages, at no look-up.
+		return false
+	}
 	id, replay, of := hs[broker.HeaderEventID], hs[broker.HeaderReplayID], hs[broker.HeaderReplayOf]
 	if id == "" || replay == "" || of == "" {
 		return false
