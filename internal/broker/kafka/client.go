@@ -5,13 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"handoff.dev/handoff/internal/broker"
@@ -564,55 +561,4 @@ func (c *Client) Close() error {
 		c.closePlainProducer()
 	})
 	return err
-}
-
-// leave takes a static member out of its group, so that its partitions move
-// to the other members at once rather than after the session timeout.
-// Closing the client leaves the group only for a dynamic member: franz-go
-// keeps a static member in, waiting for it to come back under its id. The
-// group management stops first: a member removed while it still heartbeats
-// would join again.
-//
-// Each step has a time of its own: stopping the membership runs the revoke
-// callback, which may wait out RevokeTimeout for records still in flight
-// (a drain that timed out), and the leave must not starve behind it, or
-// the partitions would sit idle for the session timeout after all.
-func (c *Client) leave() {
-	if c.o.InstanceID == "" {
-		return
-	}
-	stop, cancel := context.WithTimeout(context.Background(), c.o.RevokeTimeout+5*time.Second)
-	defer cancel()
-	if err := c.cl.LeaveGroupContext(stop); err != nil {
-		c.log.Warn("stopping the group membership failed", "err", err)
-	}
-	ctx, cancelLeave := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancelLeave()
-	resps, err := kadm.NewClient(c.cl).LeaveGroup(ctx,
-		kadm.LeaveGroup(c.group).InstanceIDs(c.o.InstanceID).Reason("sidecar stopped"))
-	if err == nil {
-		err = resps.Error()
-	}
-	// Unknown: not in the group any more. franz-go leaves by itself when it
-	// closes after revoking partitions in a cooperative rebalance and before
-	// joining again, and the session may have expired.
-	if err != nil && !errors.Is(err, kerr.UnknownMemberID) {
-		c.log.Warn("leaving the group failed; this member's partitions move only after its session timeout",
-			"instance_id", c.o.InstanceID, "err", err)
-		return
-	}
-	c.log.Info("left the group", "instance_id", c.o.InstanceID)
-}
-
-// position is r's place in its log, kafka:topic/partition/offset: built in
-// one allocation, as it is for every record.
-func position(r *kgo.Record) string {
-	var buf [96]byte
-	b := append(buf[:0], "kafka:"...)
-	b = append(b, r.Topic...)
-	b = append(b, '/')
-	b = strconv.AppendInt(b, int64(r.Partition), 10)
-	b = append(b, '/')
-	b = strconv.AppendInt(b, r.Offset, 10)
-	return string(b)
 }

@@ -128,3 +128,16 @@ func (d *delivery) Release() error {
 
 // Lost is closed when the record's partition was revoked or lost.
 func (d *delivery) Lost() <-chan struct{} { return d.st.lost }
+
+// position is r's place in its log, kafka:topic/partition/offset: built in
+// one allocation, as it is for every record.
+func position(r *kgo.Record) string {
+	var buf [96]byte
+	b := append(buf[:0], "kafka:"...)
+	b = append(b, r.Topic...)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, int64(r.Partition), 10)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, r.Offset, 10)
+	return string(b)
+}

@@ -2,9 +2,11 @@ package kafka
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -144,4 +146,42 @@ func (c *Client) revoked(ctx context.Context, cl *kgo.Client, revoked map[string
 	if err := cl.CommitMarkedOffsets(ctx); err != nil {
 		c.log.Warn("commit on revoke failed; the next owner may handle some records again", "err", err)
 	}
+}
+
+// leave takes a static member out of its group, so that its partitions move
+// to the other members at once rather than after the session timeout.
+// Closing the client leaves the group only for a dynamic member: franz-go
+// keeps a static member in, waiting for it to come back under its id. The
+// group management stops first: a member removed while it still heartbeats
+// would join again.
+//
+// Each step has a time of its own: stopping the membership runs the revoke
+// callback, which may wait out RevokeTimeout for records still in flight
+// (a drain that timed out), and the leave must not starve behind it, or
+// the partitions would sit idle for the session timeout after all.
+func (c *Client) leave() {
+	if c.o.InstanceID == "" {
+		return
+	}
+	stop, cancel := context.WithTimeout(context.Background(), c.o.RevokeTimeout+5*time.Second)
+	defer cancel()
+	if err := c.cl.LeaveGroupContext(stop); err != nil {
+		c.log.Warn("stopping the group membership failed", "err", err)
+	}
+	ctx, cancelLeave := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancelLeave()
+	resps, err := kadm.NewClient(c.cl).LeaveGroup(ctx,
+		kadm.LeaveGroup(c.group).InstanceIDs(c.o.InstanceID).Reason("sidecar stopped"))
+	if err == nil {
+		err = resps.Error()
+	}
+	// Unknown: not in the group any more. franz-go leaves by itself when it
+	// closes after revoking partitions in a cooperative rebalance and before
+	// joining again, and the session may have expired.
+	if err != nil && !errors.Is(err, kerr.UnknownMemberID) {
+		c.log.Warn("leaving the group failed; this member's partitions move only after its session timeout",
+			"instance_id", c.o.InstanceID, "err", err)
+		return
+	}
+	c.log.Info("left the group", "instance_id", c.o.InstanceID)
 }
