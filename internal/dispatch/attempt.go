@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"handoff.dev/handoff/internal/broker"
 	"handoff.dev/handoff/internal/budget"
 	"handoff.dev/handoff/internal/handler"
@@ -18,21 +20,22 @@ import (
 // and carries out the decision; in-place retries loop here. A first attempt
 // deposits into the retry budget; every later one waits for a token first.
 // at, when not zero, is the time still for the first attempt: nothing
-// waited since it was read.
-func (h *handoff) attempt(ctx context.Context, at time.Time) {
-	// A token taken for a call that was never made, or whose call
-	// succeeded, goes back however the walk ends: shutdown, a lost
-	// delivery, the deadline. Only a failed re-attempt keeps it spent.
-	defer h.refund()
+// waited since it was read. handedOver says the call's answer will continue
+// the walk (Answered) and the walk's goroutine must leave the walk alone.
+func (h *handoff) attempt(ctx context.Context, at time.Time) (handedOver bool) {
+	h.recorded, h.budgeted = 0, 0
+	return h.attempts(ctx, at)
+}
+
+// attempts is attempt's loop, entered again after an answer that came
+// through Answered.
+func (h *handoff) attempts(ctx context.Context, at time.Time) (handedOver bool) {
 	defer func() {
-		if !h.later {
-			// After settleLater the walk's end lets it go (ended).
-			h.unisolate()
+		if !handedOver {
+			h.attemptsEnded()
 		}
 	}()
 	e, p, t := h.e, h.e.o.Policy, &h.trail
-	recorded := 0 // the attempt number whose ATTEMPT record is written
-	budgeted := 0 // the attempt number the budget has seen
 	for {
 		now := at // the first attempt's only
 		at = time.Time{}
@@ -48,11 +51,11 @@ func (h *handoff) attempt(ctx context.Context, at time.Time) {
 			return
 		}
 		next := t.Attempt + 1
-		if budgeted != next && next > 1 && e.o.Budget != nil {
+		if h.budgeted != next && next > 1 && e.o.Budget != nil {
 			if !h.token(ctx) {
 				return
 			}
-			budgeted = next
+			h.budgeted = next
 			now = e.now()
 			if !p.CanAttempt(now, t.Deadline) {
 				h.deadLetter(ctx, budget.ReasonDeadline)
@@ -105,7 +108,7 @@ func (h *handoff) attempt(ctx context.Context, at time.Time) {
 			now = e.now() // it waited for the others
 		}
 		req.Timeout = min(e.o.Timeout, t.Deadline.Sub(now))
-		if recorded != req.Attempt {
+		if h.recorded != req.Attempt {
 			// Written once the call is sure to be made, before it: a crash
 			// during the call leaves an attempt whose outcome is unknown.
 			rec := journal.Record{Kind: journal.Attempt, At: now, Hop: t.Hops, Attempt: req.Attempt}
@@ -125,73 +128,124 @@ func (h *handoff) attempt(ctx context.Context, at time.Time) {
 			} else {
 				h.appendAsync(rec)
 			}
-			recorded = req.Attempt
+			h.recorded = req.Attempt
 		}
-		if next == 1 && budgeted != 1 && e.o.Budget != nil {
+		if next == 1 && h.budgeted != 1 && e.o.Budget != nil {
 			// Deposited once the call is sure to be made: a first attempt
 			// held by a paused intake must not pay for re-attempts.
 			e.o.Budget.Deposit()
-			budgeted = 1
+			h.budgeted = 1
 		}
 		// The span lasts until the outcome is settled, and ends on every
 		// way out below, once: before a hold or an in-place wait, neither
 		// of which is this attempt's work.
 		actx, span := h.startAttempt(ctx, req)
+		if a := e.async; a != nil && span == nil && !h.syncOnly && h.trail.ReplayOf == "" {
+			// No goroutine waits on the call: its answer continues the
+			// walk (Answered). Nothing of h is touched after this.
+			h.callCtx, h.call = ctx, req
+			a.DeliverThen(ctx, req, h)
+			return true
+		}
 		res := e.o.Handler.Deliver(ctx, req)
-		if ctx.Err() != nil {
-			// Shutdown cut the call short: its result says nothing about the
-			// app, and its request may still be with the deliverer.
-			h.keep()
-			endAttempt(span, res)
-			e.limiter.Release(0)
-			h.handBack()
-			return
-		}
-		e.o.Observer.Attempted(h.r.Name, res.Outcome.String(), req.Attempt == 1, res.Latency)
-		switch res.Outcome {
-		case budget.Unreachable:
-			// The call never reached the app: the token waits for the
-			// call that does.
-		case budget.Success, budget.Drop:
-			// Useful work, not amplification: only failed re-attempts
-			// spend the budget, so after an outage the waiting ones drain
-			// at the app's pace, not the floor's.
-			h.refund()
-		default:
-			h.tok = budget.Token{}
-		}
-		if res.Outcome != budget.Unreachable {
-			// Before the slot frees: a pause this answer starts holds the
-			// next first attempt, not the one after it.
-			e.observe(res.Outcome, req.Attempt == 1, res.RetryAfter)
-		}
-		e.limiter.Release(res.Outcome)
-		if res.Outcome == budget.Unreachable {
-			endAttempt(span, res)
-			// Written so that a restart knows this attempt never reached the
-			// app and does not count it.
-			h.appendAsync(journal.Record{Kind: journal.Outcome, Hop: t.Hops, Attempt: req.Attempt,
-				Outcome: uint8(budget.Unreachable), Detail: res.Detail})
-			recorded = 0
-			h.unisolate()
-			e.gate.hold(ctx)
-			if !await(h, ctx, h.intake.Done(), e.gate.openChan(), "delivery lost while the app was unreachable; the broker redelivers it") {
-				return
-			}
-			continue
-		}
-		// Settled under the attempt's span: the journal commit and the
-		// copy's publish and confirm are part of what the attempt cost.
-		due, again := h.decide(actx, req.Attempt, res, true)
-		endAttempt(span, res)
-		if !again {
-			return
-		}
-		h.unisolate() // not held through the wait
-		if !h.wait(ctx, due) {
+		if !h.answered(ctx, actx, span, req, res) {
 			return
 		}
 	}
+}
+
+// attemptsEnded is the end of attempt's loop, however it ends: a token
+// taken for a call that was never made, or whose call succeeded, goes back
+// (shutdown, a lost delivery, the deadline): only a failed re-attempt keeps
+// it spent.
+func (h *handoff) attemptsEnded() {
+	if !h.later {
+		// After settleLater the walk's end lets it go (ended).
+		h.unisolate()
+	}
+	h.refund()
+}
+
+// answered carries out what the answer res to the call req asks for, and
+// reports whether the attempt loop goes on.
+func (h *handoff) answered(ctx, actx context.Context, span trace.Span, req *handler.Request, res handler.Result) bool {
+	e, t := h.e, &h.trail
+	if ctx.Err() != nil {
+		// Shutdown cut the call short: its result says nothing about the
+		// app, and its request may still be with the deliverer.
+		h.keep()
+		endAttempt(span, res)
+		e.limiter.Release(0)
+		h.handBack()
+		return false
+	}
+	e.o.Observer.Attempted(h.r.Name, res.Outcome.String(), req.Attempt == 1, res.Latency)
+	switch res.Outcome {
+	case budget.Unreachable:
+		// The call never reached the app: the token waits for the
+		// call that does.
+	case budget.Success, budget.Drop:
+		// Useful work, not amplification: only failed re-attempts
+		// spend the budget, so after an outage the waiting ones drain
+		// at the app's pace, not the floor's.
+		h.refund()
+	default:
+		h.tok = budget.Token{}
+	}
+	if res.Outcome != budget.Unreachable {
+		// Before the slot frees: a pause this answer starts holds the
+		// next first attempt, not the one after it.
+		e.observe(res.Outcome, req.Attempt == 1, res.RetryAfter)
+	}
+	e.limiter.Release(res.Outcome)
+	if res.Outcome == budget.Unreachable {
+		endAttempt(span, res)
+		// Written so that a restart knows this attempt never reached the
+		// app and does not count it.
+		h.appendAsync(journal.Record{Kind: journal.Outcome, Hop: t.Hops, Attempt: req.Attempt,
+			Outcome: uint8(budget.Unreachable), Detail: res.Detail})
+		h.recorded = 0
+		h.unisolate()
+		e.gate.hold(ctx)
+		return await(h, ctx, h.intake.Done(), e.gate.openChan(), "delivery lost while the app was unreachable; the broker redelivers it")
+	}
+	// Settled under the attempt's span: the journal commit and the
+	// copy's publish and confirm are part of what the attempt cost.
+	due, again := h.decide(actx, req.Attempt, res, true)
+	endAttempt(span, res)
+	if !again {
+		return false
+	}
+	h.unisolate() // not held through the wait
+	return h.wait(ctx, due)
+}
+
+// Answered goes on with the walk whose call was handed to the deliverer
+// with DeliverThen, once res is in: on the goroutine that has it (a
+// batch's), when nothing that follows may wait — a success, which the
+// journal's commit acks (settleLater) — else on a goroutine of its own.
+// This goroutine is now the walk's, until the walk ends or hands over
+// again.
+func (h *handoff) Answered(res handler.Result) {
+	if res.Outcome != budget.Success || h.callCtx.Err() != nil {
+		go h.goOn(res)
+		return
+	}
+	h.goOn(res)
+}
+
+func (h *handoff) goOn(res handler.Result) {
+	ws := h.state
+	ctx, req := h.callCtx, h.call
+	h.callCtx, h.call = nil, nil
+	if h.answered(ctx, ctx, nil, req, res) {
+		if h.attempts(ctx, time.Time{}) {
+			return
+		}
+	} else {
+		h.attemptsEnded()
+	}
+	h.walkOver(ws)
 }
 
 // deadlineFor is the deadline of a message first attempted at first: the
@@ -215,6 +269,8 @@ func (h *handoff) deadlineFor(first time.Time) time.Time {
 // attemptAfter waits until due, then attempts.
 func (h *handoff) attemptAfter(ctx context.Context, due time.Time) {
 	if h.wait(ctx, due) {
+		// The walk's goroutine goes on with the walk: its call waits.
+		h.syncOnly = true
 		h.attempt(ctx, time.Time{})
 	}
 }

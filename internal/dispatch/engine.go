@@ -90,6 +90,10 @@ type Engine struct {
 	// answer is a success hands its ack over to the commit instead of
 	// parking until the outcome is durable (see handoff.settleLater).
 	later laterJournal
+	// async is the deliverer's DeliverThen, when it has one and a walk's
+	// success can be settled without waiting (later, and no spans): the
+	// walk's goroutine does not wait on the call (see Answered).
+	async asyncDeliverer
 	// iso makes the calls of messages suspected of stopping the sidecar
 	// alone (isolation.go).
 	iso *isolation
@@ -125,10 +129,22 @@ func New(o Options) *Engine {
 		open:    openSets(o.Routes),
 	}
 	e.later, _ = o.Journal.(laterJournal)
+	e.async = asyncOf(o, e.later)
 	// As many parked workers as a burst of walks may want at once: the
 	// calls in flight and the deliveries waiting behind them.
 	e.pool = newPool(e.walk, 4*max(o.MaxConcurrency, 16))
 	return e
+}
+
+// asyncOf is o's deliverer as an asyncDeliverer, when it is one and a
+// walk's success can be settled without waiting for anything: the journal
+// calls back once the outcome is durable (later), and there are no spans
+// for the commit to be made under.
+func asyncOf(o Options, later laterJournal) asyncDeliverer {
+	if a, ok := o.Handler.(asyncDeliverer); ok && later != nil && o.Tracer == nil {
+		return a
+	}
+	return nil
 }
 
 func openSets(routes []Route) map[string]*openSet {
@@ -379,7 +395,15 @@ func (e *Engine) walk(w *walk) {
 	h := &ws.h
 	*h = handoff{e: e, r: w.r, d: w.d, msg: w.msg, retry: w.msg.Copy, intake: w.intake,
 		leave: w.leave, openSet: w.open, openID: w.id, final: w.final, slot: w.slot, space: &ws.space, room: ws.space.recs[:], state: ws}
-	h.run(w.work)
+	if h.run(w.work) {
+		return // the call's answer ends the walk (Answered)
+	}
+	h.walkOver(ws)
+}
+
+// walkOver is the end of the part of a walk its goroutine had: the walk
+// ends, unless the journal's commit ends it (settleLater), and ws is let go.
+func (h *handoff) walkOver(ws *walkState) {
 	h.dropSlot() // a walk that ended before its call
 	if !h.later {
 		h.ended()

@@ -85,6 +85,18 @@ type handoff struct {
 	// a share, or all of it for an alone call.
 	isolated uint8
 
+	// recorded is the attempt number whose ATTEMPT record is written, and
+	// budgeted the one the budget has seen: attempt's loop's, kept here
+	// for when an answer comes through Answered.
+	recorded, budgeted int
+	// call and callCtx are the call handed to the deliverer with
+	// DeliverThen, until its answer comes (Answered).
+	call    *handler.Request
+	callCtx context.Context
+	// syncOnly: the walk's goroutine waits on its calls, never hands them
+	// over (a walk resumed from the journal's history, see attemptAfter).
+	syncOnly bool
+
 	// state is the walkState the handoff lives in, reused once the walk
 	// ends; nil when something may still read it after that (see reuse).
 	state *walkState
@@ -189,7 +201,9 @@ func (h *handoff) logger() *slog.Logger {
 	return h.log
 }
 
-func (h *handoff) run(ctx context.Context) {
+// run walks the delivery; handedOver says its call's answer goes on with
+// the walk (Answered), and the walk's goroutine must leave it alone.
+func (h *handoff) run(ctx context.Context) (handedOver bool) {
 	e := h.e
 	ok := h.readTrail()
 	e.o.Observer.Received(h.r.Name, h.retry)
@@ -261,7 +275,7 @@ func (h *handoff) run(ctx context.Context) {
 		h.deadLetter(ctx, budget.ReasonMalformed)
 		return
 	}
-	h.attempt(ctx, now)
+	return h.attempt(ctx, now)
 }
 
 // readTrail sets the delivery's trail and key. A copy whose handoff-*

@@ -49,6 +49,12 @@ type Deliverer interface {
 	Probe(ctx context.Context) error
 }
 
+// asyncDeliverer is a Deliverer that can also take a call without a
+// goroutine waiting on it, and tell its answer later: handler.Batcher.
+type asyncDeliverer interface {
+	DeliverThen(ctx context.Context, r *handler.Request, then handler.Then)
+}
+
 // Journal records each state change of a hand-off and answers what it knows
 // of one. It is safe for concurrent use.
 type Journal interface {

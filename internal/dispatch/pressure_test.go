@@ -60,6 +60,7 @@ func (r *rig) engineWith(app Deliverer, o func(*Options), ds ...broker.Delivery)
 	if o != nil {
 		o(&e.o)
 	}
+	e.async = asyncOf(e.o, e.later)
 	return e
 }
 

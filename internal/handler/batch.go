@@ -50,6 +50,8 @@ type pending struct {
 	ctx context.Context
 	r   *Request
 	res chan Result // buffered
+	// then, when not nil, is told the answer instead of res (DeliverThen).
+	then Then
 }
 
 // pendings are reused: an attempt answered, or never handed to a batch, is
@@ -58,7 +60,7 @@ type pending struct {
 var pendings = sync.Pool{New: func() any { return &pending{res: make(chan Result, 1)} }}
 
 func (p *pending) free() {
-	p.ctx, p.r = nil, nil
+	p.ctx, p.r, p.then = nil, nil, nil
 	pendings.Put(p)
 }
 
@@ -145,6 +147,39 @@ func (b *Batcher) Deliver(ctx context.Context, r *Request) Result {
 		// The batch may still reach the app: the effect is unknown.
 		return Result{Outcome: budget.Unknown, Detail: "cancelled while its batch was in flight"}
 	}
+}
+
+// Then is told the answer to an attempt handed over with DeliverThen.
+type Then interface {
+	Answered(Result)
+}
+
+// DeliverThen is Deliver without a goroutine waiting on the answer: r goes
+// in the next batch, and then.Answered is called with its answer once, on
+// the goroutine that has it — the batch's, or this one when r is not taken
+// — possibly before DeliverThen returns. It is called while the batch goes
+// on to answer the rest of its attempts, so it must not wait for long.
+//
+// One thing differs from Deliver: a ctx done while the batch is in flight
+// is not answered at once. The batch's request is cancelled once no
+// attempt in it has its context still going (post), and the answer comes
+// then, with the batch's.
+func (b *Batcher) DeliverThen(ctx context.Context, r *Request, then Then) {
+	if ctx.Err() != nil {
+		then.Answered(Result{Outcome: budget.Unknown, Detail: "cancelled before it was sent"})
+		return
+	}
+	p := pendings.Get().(*pending)
+	p.ctx, p.r, p.then = ctx, r, then
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		p.free()
+		then.Answered(Result{Outcome: budget.Unreachable, Detail: "sidecar stopping"})
+		return
+	}
+	b.add(p)
+	b.mu.Unlock()
 }
 
 // batchLimit is the most attempts a batch holding r may carry. A re-attempt

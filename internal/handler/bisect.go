@@ -175,6 +175,12 @@ func (s *bisection) took() time.Duration { return s.b.now().Sub(s.start) }
 
 func (s *bisection) answer(p *pending, res Result, took time.Duration) {
 	res.Latency = took
+	if then := p.then; then != nil {
+		// Nobody else holds p: the batch is done with it.
+		p.free()
+		then.Answered(res)
+		return
+	}
 	p.res <- res
 }
 
