@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"strconv"
+	"strings"
 	"sync/atomic"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -78,15 +79,33 @@ func (d *delivery) Durable() <-chan struct{} { return d.durable }
 // type among them) and its position, which is its origin too.
 func recordMessage(r *kgo.Record) broker.Message {
 	h := make(broker.Headers, len(r.Headers))
-	var contentType string
+	// The header values and the position share one string: one
+	// allocation for a record, not one each.
+	var pbuf [96]byte
+	pos := appendPosition(pbuf[:0], r)
+	n := len(pos)
 	for _, kv := range r.Headers {
-		h[kv.Key] = string(kv.Value)
+		n += len(kv.Value)
+	}
+	var b strings.Builder
+	b.Grow(n)
+	b.Write(pos)
+	for _, kv := range r.Headers {
+		b.Write(kv.Value)
+	}
+	all := b.String()
+	var contentType string
+	at := len(pos)
+	for _, kv := range r.Headers {
+		v := all[at : at+len(kv.Value)]
+		at += len(kv.Value)
+		h[kv.Key] = v
 		if kv.Key == contentTypeHeader {
-			contentType = string(kv.Value)
+			contentType = v
 		}
 	}
-	pos := position(r)
-	return broker.Message{Body: r.Value, ContentType: contentType, Key: r.Key, Headers: h, Position: pos, Origin: pos, Native: r}
+	origin := all[:len(pos)]
+	return broker.Message{Body: r.Value, ContentType: contentType, Key: r.Key, Headers: h, Position: origin, Origin: origin, Native: r}
 }
 
 func (c *Client) newDelivery(st *partition, r *kgo.Record) *delivery {
@@ -129,15 +148,13 @@ func (d *delivery) Release() error {
 // Lost is closed when the record's partition was revoked or lost.
 func (d *delivery) Lost() <-chan struct{} { return d.st.lost }
 
-// position is r's place in its log, kafka:topic/partition/offset: built in
-// one allocation, as it is for every record.
-func position(r *kgo.Record) string {
-	var buf [96]byte
-	b := append(buf[:0], "kafka:"...)
+// appendPosition appends r's place in its log to b:
+// kafka:topic/partition/offset.
+func appendPosition(b []byte, r *kgo.Record) []byte {
+	b = append(b, "kafka:"...)
 	b = append(b, r.Topic...)
 	b = append(b, '/')
 	b = strconv.AppendInt(b, int64(r.Partition), 10)
 	b = append(b, '/')
-	b = strconv.AppendInt(b, r.Offset, 10)
-	return string(b)
+	return strconv.AppendInt(b, r.Offset, 10)
 }
