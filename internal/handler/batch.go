@@ -38,6 +38,13 @@ type Batcher struct {
 	budget  SplitBudget // nil: splits are not paid for
 	minCall time.Duration
 	sending sync.WaitGroup // batches in flight, joined by Close
+	// senders takes a batch to a goroutine idle after sending one. A
+	// batch's goroutine grows its stack deep in the HTTP client; one new
+	// for each batch grew it again each time.
+	senders chan []*pending
+	quit    chan struct{} // closed by Close: idle senders end
+	workers sync.WaitGroup
+	quitted sync.Once
 
 	// The batches being filled, one per limit (batchLimit), under mu: the
 	// attempt that fills one sends it, a timer the one whose wait is up.
@@ -105,7 +112,7 @@ var (
 // after its first one.
 func NewBatcher(t BatchSender, o BatchOptions) *Batcher {
 	return &Batcher{t: t, now: time.Now, max: max(o.MaxMessages, 1), wait: o.MaxWait, budget: o.Budget, minCall: o.MinCall,
-		open: map[int]*gathering{}}
+		open: map[int]*gathering{}, senders: make(chan []*pending), quit: make(chan struct{})}
 }
 
 // Close stops collecting, sends the batches being filled, and waits until
@@ -118,6 +125,8 @@ func (b *Batcher) Close() {
 	}
 	b.mu.Unlock()
 	b.sending.Wait()
+	b.quitted.Do(func() { close(b.quit) })
+	b.workers.Wait()
 }
 
 // Probe reports whether the app accepts connections.
@@ -249,8 +258,35 @@ func (b *Batcher) dispatch(limit int) {
 	g := b.open[limit]
 	delete(b.open, limit)
 	g.timer.Stop()
-	batch := g.batch
-	b.sending.Go(func() { b.send(batch) })
+	b.sending.Add(1)
+	select {
+	case b.senders <- g.batch:
+	default:
+		b.workers.Add(1)
+		go b.sender(g.batch)
+	}
+}
+
+// senderIdle is how long a sender waits for another batch before it ends.
+const senderIdle = 5 * time.Second
+
+// sender sends batch, then each batch handed to it while it waits idle.
+func (b *Batcher) sender(batch []*pending) {
+	defer b.workers.Done()
+	idle := time.NewTimer(senderIdle)
+	defer idle.Stop()
+	for {
+		b.send(batch)
+		b.sending.Done()
+		idle.Reset(senderIdle)
+		select {
+		case batch = <-b.senders:
+		case <-idle.C:
+			return
+		case <-b.quit:
+			return
+		}
+	}
 }
 
 // batchResult is one event's answer in the app's response.

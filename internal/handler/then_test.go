@@ -5,6 +5,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -125,4 +127,48 @@ func TestDeliverThenCancelledInFlight(t *testing.T) {
 			t.Errorf("%s: %+v, want one unknown answer", r.EventID, got)
 		}
 	}
+}
+
+// Batches go out on goroutines kept for the next batch, and Close ends
+// them: one batch after another is one goroutine, and none is left.
+func TestBatchSendersAreReusedAndEndWithClose(t *testing.T) {
+	_, srv := newPoisonApp(t, holding(0))
+	b := NewBatcher(newClient(t, srv.URL, 4), BatchOptions{MaxMessages: 2, MaxWait: time.Millisecond})
+	for range 5 {
+		for _, r := range deliverAll(b, fresh(2)...) {
+			if r.Outcome != budget.Success {
+				t.Fatalf("%v, want success", r.Outcome)
+			}
+		}
+		// The answers are in before the sender is back waiting: the
+		// next batch would start a second one meanwhile.
+		deadline := time.Now().Add(5 * time.Second)
+		for n, idle := senders(); n != idle && time.Now().Before(deadline); n, idle = senders() {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if n, _ := senders(); n != 1 {
+		t.Errorf("%d senders after five batches one after another, want 1", n)
+	}
+	b.Close()
+	if n, _ := senders(); n != 0 {
+		t.Errorf("%d senders after Close, want none", n)
+	}
+}
+
+// senders counts the goroutines in Batcher.sender, and those of them idle
+// (waiting in its select).
+func senders() (n, idle int) {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if !strings.Contains(g, "handler.(*Batcher).sender(") {
+			continue
+		}
+		n++
+		if strings.HasPrefix(g, "goroutine ") && strings.Contains(strings.SplitN(g, "\n", 2)[0], "[select") {
+			idle++
+		}
+	}
+	return n, idle
 }
