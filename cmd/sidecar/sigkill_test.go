@@ -43,6 +43,9 @@ const killTier = 300 * time.Millisecond
 type killTarget struct {
 	// source is the YAML of the source's broker block.
 	source string
+	// handler is more of the handler block's YAML, after its url and
+	// max_concurrency: ", batch: {…}" to deliver in batches.
+	handler string
 	// inFlight is how many deliveries the source hands out unsettled at
 	// most: what one kill can leave to be called again.
 	inFlight int
@@ -94,7 +97,7 @@ func TestSIGKILLMixedWorkloadRabbitMQ(t *testing.T) {
 
 func TestSIGKILLMixedWorkloadKafka(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []string{"plain", "transactional", "share group"} {
+	for _, mode := range []string{"plain", "transactional", "share group", "batches"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
 			testSIGKILLKafka(t, mode)
@@ -114,10 +117,18 @@ func testSIGKILLKafka(t *testing.T, mode string) {
 	if mode == "share group" {
 		source = fmt.Sprintf("kafka: {brokers: [%q], topic: %q, share_group: %q}", strings.Join(brokers, ","), topic, kafkaGroup(topic))
 	}
+	var batch string
+	if mode == "batches" {
+		// Eight to a request: a walk's answer goes on without a goroutine
+		// waiting on its call, and a kill lands with batches in flight.
+		batch = ", batch: {max_messages: 8, max_wait: 5ms}"
+	}
 	runSIGKILLWorkload(t, killTarget{
-		source: source,
+		source:  source,
+		handler: batch,
 		// max_in_flight's default: four times max_concurrency (8), or
-		// twice with ordering none (a share group's: one poll).
+		// twice with ordering none (a share group's: one poll; with
+		// batches, max_concurrency and one batch more).
 		inFlight: 32,
 		publish: func(ids []string) {
 			var recs []*kgo.Record
@@ -221,7 +232,7 @@ func runSIGKILLWorkload(t *testing.T, target killTarget) {
 	// several kills landing on the same redelivered messages a small
 	// max_attempts would dead-letter a good message, which is the budget
 	// working, not what this test is about.
-	cfgPath := writeFile(t, fmt.Sprintf(`handler: {url: %q, max_concurrency: 8}
+	cfgPath := writeFile(t, fmt.Sprintf(`handler: {url: %q, max_concurrency: 8%s}
 sources:
   - name: kill
     %s
@@ -229,7 +240,7 @@ retry: {max_attempts: 10, tiers: [%s], base: 50ms, cap: 200ms}
 telemetry: {metrics_listen: ""}
 admin: {listen: "127.0.0.1:0"}
 journal: {path: %q}
-`, a.url(), target.source, killTier, filepath.Join(t.TempDir(), "handoff.db")))
+`, a.url(), target.handler, target.source, killTier, filepath.Join(t.TempDir(), "handoff.db")))
 
 	ids := mixedWorkload(600)
 	target.publish(ids)
