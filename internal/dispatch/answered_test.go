@@ -23,12 +23,14 @@ import (
 type batchApp struct {
 	hold    chan struct{}
 	batches atomic.Int32
+	events  atomic.Int32 // in the batches sent
 	mu      sync.Mutex
 	calls   map[string]int
 }
 
 func (a *batchApp) SendBatch(ctx context.Context, reqs []*handler.Request) ([]handler.Result, handler.Result, bool) {
 	a.batches.Add(1)
+	a.events.Add(int32(len(reqs)))
 	if a.hold != nil {
 		select {
 		case <-a.hold:
@@ -141,11 +143,15 @@ func TestShutdownWithABatchInFlightHandsItBack(t *testing.T) {
 	for _, id := range []string{"ok-1", "ok-2", "ok-3", "ok-4", "ok-5", "ok-6"} {
 		ds = append(ds, r.delivery(id))
 	}
-	e := r.engineWith(bt, nil, deliveries(ds)...)
+	// No call times out on its own: only the stop ends them.
+	e := r.engineWith(bt, func(o *Options) { o.Timeout = time.Hour }, deliveries(ds)...)
 	start := time.Now()
-	// The app never answers: both batches are in flight when the engine
-	// stops, and stay so past the drain timeout.
-	run(t, e, func() bool { return app.batches.Load() == 2 })
+	// The app never answers: every delivery's batch is in flight when
+	// the engine stops, and stays so past the drain timeout.
+	run(t, e, func() bool { return app.events.Load() == int32(len(ds)) })
+	if n := app.events.Load(); n != int32(len(ds)) {
+		t.Fatalf("%d events sent, want %d", n, len(ds))
+	}
 	if took := time.Since(start); took > 10*time.Second {
 		t.Errorf("Run took %v to stop with batches in flight", took)
 	}

@@ -2,6 +2,7 @@ package handler
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -143,26 +144,33 @@ func TestBatchSendersAreReusedAndEndWithClose(t *testing.T) {
 		// The answers are in before the sender is back waiting: the
 		// next batch would start a second one meanwhile.
 		deadline := time.Now().Add(5 * time.Second)
-		for n, idle := senders(); n != idle && time.Now().Before(deadline); n, idle = senders() {
+		for n, idle := senders(b); n != idle && time.Now().Before(deadline); n, idle = senders(b) {
 			time.Sleep(time.Millisecond)
 		}
 	}
-	if n, _ := senders(); n != 1 {
+	if n, _ := senders(b); n != 1 {
 		t.Errorf("%d senders after five batches one after another, want 1", n)
 	}
 	b.Close()
-	if n, _ := senders(); n != 0 {
+	// Close returns once each sender is done; a goroutine may still be on
+	// its way out of the function.
+	deadline := time.Now().Add(5 * time.Second)
+	for n, _ := senders(b); n != 0 && time.Now().Before(deadline); n, _ = senders(b) {
+		time.Sleep(time.Millisecond)
+	}
+	if n, _ := senders(b); n != 0 {
 		t.Errorf("%d senders after Close, want none", n)
 	}
 }
 
-// senders counts the goroutines in Batcher.sender, and those of them idle
-// (waiting in its select).
-func senders() (n, idle int) {
+// senders counts the goroutines in b's Batcher.sender, and those of them
+// idle (waiting in its select). Other tests' batchers have senders too.
+func senders(b *Batcher) (n, idle int) {
+	frame := fmt.Sprintf("handler.(*Batcher).sender(%p", b)
 	buf := make([]byte, 1<<20)
 	buf = buf[:runtime.Stack(buf, true)]
 	for _, g := range strings.Split(string(buf), "\n\n") {
-		if !strings.Contains(g, "handler.(*Batcher).sender(") {
+		if !strings.Contains(g, frame) {
 			continue
 		}
 		n++
