@@ -103,8 +103,10 @@ type Route struct {
 // Observer is told what the engine does, for metrics: each message taken,
 // each attempt's outcome and latency, each copy moved to a retry tier or the
 // dead-letter destination (once its broker confirmed it), each redelivery
-// settled from the journal. Its methods are called on the hand-off's
-// goroutine: they must be cheap and safe for concurrent use.
+// settled from the journal. Its methods are called on the goroutine that
+// carries the hand-off at the time (its own, or the sender of the batch
+// its call went in, see handoff.Answered): they must be cheap and safe for
+// concurrent use.
 type Observer interface {
 	// Received: retry says the message is a retry copy, not one taken
 	// from the source's own backlog.
