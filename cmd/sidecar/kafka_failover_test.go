@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,6 +21,34 @@ import (
 func kafkaLocal(t *testing.T, args ...string) {
 	t.Helper()
 	localScript(t, "kafka-local", "Apache Kafka", args...)
+}
+
+// deleteTopicsOf deletes topic and every topic named after it.
+func deleteTopicsOf(t *testing.T, brokers []string, topic string) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Logf("deleting the topics of %s: %v", topic, err)
+		return
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	listed, err := adm.ListTopics(ctx)
+	if err != nil {
+		t.Logf("listing topics to delete: %v", err)
+		return
+	}
+	var names []string
+	for _, name := range listed.Names() {
+		if name == topic || strings.HasPrefix(name, topic+".") {
+			names = append(names, name)
+		}
+	}
+	if _, err := adm.DeleteTopics(ctx, names...); err != nil {
+		t.Logf("deleting %v: %v", names, err)
+	}
 }
 
 // TestKafkaBrokerFailover streams a mixed workload through the sidecar from
@@ -47,6 +76,11 @@ func TestKafkaBrokerFailover(t *testing.T) {
 	if resp, err := adm.CreateTopic(ctx, 3, 3, nil, topic); err != nil || resp.Err != nil {
 		t.Fatalf("create topic: %v %v", err, resp.Err)
 	}
+	// The cluster's data outlives the test: its topics and the sidecar's
+	// retry and dead-letter ones go, or every later start of the cluster
+	// loads them all again (hundreds after a few dozen runs, past the
+	// start's timeout). After the sidecar stops, before the cluster does.
+	t.Cleanup(func() { deleteTopicsOf(t, brokers, topic) })
 
 	l := newLedgerApp(t, 2*time.Millisecond)
 	cfg := kafkaConfig(l.url(), brokers, topic, time.Second)
