@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"handoff.dev/handoff/internal/broker/brokertest"
 	"handoff.dev/handoff/internal/broker/kafka"
 	"handoff.dev/handoff/internal/config"
 	"handoff.dev/handoff/internal/testkit"
@@ -21,34 +21,6 @@ import (
 func kafkaLocal(t *testing.T, args ...string) {
 	t.Helper()
 	localScript(t, "kafka-local", "Apache Kafka", args...)
-}
-
-// deleteTopicsOf deletes topic and every topic named after it.
-func deleteTopicsOf(t *testing.T, brokers []string, topic string) {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Logf("deleting the topics of %s: %v", topic, err)
-		return
-	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	listed, err := adm.ListTopics(ctx)
-	if err != nil {
-		t.Logf("listing topics to delete: %v", err)
-		return
-	}
-	var names []string
-	for _, name := range listed.Names() {
-		if name == topic || strings.HasPrefix(name, topic+".") {
-			names = append(names, name)
-		}
-	}
-	if _, err := adm.DeleteTopics(ctx, names...); err != nil {
-		t.Logf("deleting %v: %v", names, err)
-	}
 }
 
 // TestKafkaBrokerFailover streams a mixed workload through the sidecar from
@@ -80,7 +52,14 @@ func TestKafkaBrokerFailover(t *testing.T) {
 	// retry and dead-letter ones go, or every later start of the cluster
 	// loads them all again (hundreds after a few dozen runs, past the
 	// start's timeout). After the sidecar stops, before the cluster does.
-	t.Cleanup(func() { deleteTopicsOf(t, brokers, topic) })
+	t.Cleanup(func() {
+		cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+		if err != nil {
+			return
+		}
+		defer cl.Close()
+		brokertest.DropKafkaTopic(kadm.NewClient(cl), topic)
+	})
 
 	l := newLedgerApp(t, 2*time.Millisecond)
 	cfg := kafkaConfig(l.url(), brokers, topic, time.Second)

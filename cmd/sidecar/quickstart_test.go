@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"net"
@@ -158,18 +157,7 @@ func cleanUp(t *testing.T, broker, name string) {
 				return
 			}
 			defer cl.Close()
-			adm := kadm.NewClient(cl)
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			list, _ := adm.ListTopics(ctx)
-			var drop []string
-			for _, n := range list.Names() {
-				if n == name || strings.HasPrefix(n, name+".") {
-					drop = append(drop, n)
-				}
-			}
-			_, _ = adm.DeleteTopics(ctx, drop...)
-			_, _ = adm.DeleteGroups(ctx, name+"-g", name+"-g.handoff-marks")
+			brokertest.DropKafkaTopic(kadm.NewClient(cl), name)
 		})
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"handoff.dev/handoff/internal/budget"
+	"handoff.dev/handoff/internal/testkit"
 )
 
 // thenRecorder keeps each answer DeliverThen tells, by event id, and on
@@ -143,10 +144,7 @@ func TestBatchSendersAreReusedAndEndWithClose(t *testing.T) {
 		}
 		// The answers are in before the sender is back waiting: the
 		// next batch would start a second one meanwhile.
-		deadline := time.Now().Add(5 * time.Second)
-		for n, idle := senders(b); n != idle && time.Now().Before(deadline); n, idle = senders(b) {
-			time.Sleep(time.Millisecond)
-		}
+		testkit.Wait(5*time.Second, func() bool { n, idle := senders(b); return n == idle })
 	}
 	if n, _ := senders(b); n != 1 {
 		t.Errorf("%d senders after five batches one after another, want 1", n)
@@ -154,10 +152,7 @@ func TestBatchSendersAreReusedAndEndWithClose(t *testing.T) {
 	b.Close()
 	// Close returns once each sender is done; a goroutine may still be on
 	// its way out of the function.
-	deadline := time.Now().Add(5 * time.Second)
-	for n, _ := senders(b); n != 0 && time.Now().Before(deadline); n, _ = senders(b) {
-		time.Sleep(time.Millisecond)
-	}
+	testkit.Wait(5*time.Second, func() bool { n, _ := senders(b); return n == 0 })
 	if n, _ := senders(b); n != 0 {
 		t.Errorf("%d senders after Close, want none", n)
 	}

@@ -25,6 +25,27 @@ func KafkaBrokers() []string {
 // KafkaGroup is the consumer group tests use for topic.
 func KafkaGroup(topic string) string { return topic + "-g" }
 
+// DropKafkaTopic deletes topic, every topic named after it (topic.*: the
+// sidecar's retry, dead-letter and ledger topics) and the groups of
+// KafkaGroup(topic), as far as the broker allows within 30s: a clean-up,
+// which reports nothing.
+func DropKafkaTopic(adm *kadm.Client, topic string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	list, _ := adm.ListTopics(ctx)
+	var drop []string
+	for _, name := range list.Names() {
+		if name == topic || strings.HasPrefix(name, topic+".") {
+			drop = append(drop, name)
+		}
+	}
+	_, _ = adm.DeleteTopics(ctx, drop...)
+	// The group (a consumer or share group), and the one its members
+	// share their handed-out marks in (kafka.MarksGroup).
+	_, _ = adm.DeleteGroups(ctx, KafkaGroup(topic), KafkaGroup(topic)+".handoff-marks",
+		KafkaGroup(topic)+".retries") // a share group's retry readers (kafka.ShareRetryGroup)
+}
+
 // KafkaTopic creates a uniquely named topic (base-<random>) on the local
 // Apache Kafka and deletes it, every topic derived from it (topic.*) and its
 // group when the test ends. A missing broker fails the test: make brokers
@@ -53,20 +74,7 @@ func KafkaTopic(t *testing.T, base string, partitions int32) ([]string, string) 
 	}
 	t.Cleanup(func() {
 		defer cl.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		list, _ := adm.ListTopics(ctx)
-		var drop []string
-		for _, name := range list.Names() {
-			if name == topic || strings.HasPrefix(name, topic+".") {
-				drop = append(drop, name)
-			}
-		}
-		_, _ = adm.DeleteTopics(ctx, drop...)
-		// The group (a consumer or share group), and the one its members
-		// share their handed-out marks in (kafka.MarksGroup).
-		_, _ = adm.DeleteGroups(ctx, KafkaGroup(topic), KafkaGroup(topic)+".handoff-marks",
-			KafkaGroup(topic)+".retries") // a share group's retry readers (kafka.ShareRetryGroup)
+		DropKafkaTopic(adm, topic)
 	})
 	// A broker busy with its first use (creating its internal topics) can
 	// take a while to give a new topic leaders; wait for them.
