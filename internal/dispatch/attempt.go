@@ -143,7 +143,7 @@ func (h *handoff) attempts(ctx context.Context, at time.Time) (handedOver bool) 
 		if a := e.async; a != nil && span == nil && !h.syncOnly && h.trail.ReplayOf == "" {
 			// No goroutine waits on the call: its answer continues the
 			// walk (Answered). Nothing of h is touched after this.
-			h.callCtx, h.call = ctx, req
+			h.ctx, h.call = ctx, req
 			a.DeliverThen(ctx, req, h)
 			return true
 		}
@@ -227,7 +227,7 @@ func (h *handoff) answered(ctx, actx context.Context, span trace.Span, req *hand
 // This goroutine is now the walk's, until the walk ends or hands over
 // again.
 func (h *handoff) Answered(res handler.Result) {
-	if res.Outcome != budget.Success || h.callCtx.Err() != nil {
+	if res.Outcome != budget.Success || h.ctx.Err() != nil {
 		go h.goOn(res)
 		return
 	}
@@ -236,8 +236,8 @@ func (h *handoff) Answered(res handler.Result) {
 
 func (h *handoff) goOn(res handler.Result) {
 	ws := h.state
-	ctx, req := h.callCtx, h.call
-	h.callCtx, h.call = nil, nil
+	ctx, req := h.ctx, h.call
+	h.call = nil
 	if h.answered(ctx, ctx, nil, req, res) {
 		if h.attempts(ctx, time.Time{}) {
 			return

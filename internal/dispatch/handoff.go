@@ -75,7 +75,7 @@ type handoff struct {
 	openSet *openSet
 	openID  uint64
 	later   bool
-	ctx     context.Context // the walk's, for Committed
+	ctx     context.Context // the walk's, for Committed and Answered
 	// final: the delivery is on its final count (walk.final).
 	final bool
 	// slot: the walk holds a slot under the limiter, taken at admission
@@ -89,10 +89,9 @@ type handoff struct {
 	// budgeted the one the budget has seen: attempt's loop's, kept here
 	// for when an answer comes through Answered.
 	recorded, budgeted int
-	// call and callCtx are the call handed to the deliverer with
-	// DeliverThen, until its answer comes (Answered).
-	call    *handler.Request
-	callCtx context.Context
+	// call is the call handed to the deliverer with DeliverThen, until
+	// its answer comes (Answered).
+	call *handler.Request
 	// syncOnly: the walk's goroutine waits on its calls, never hands them
 	// over (a walk resumed from the journal's history, see attemptAfter).
 	syncOnly bool

@@ -41,10 +41,9 @@ type Batcher struct {
 	// senders takes a batch to a goroutine idle after sending one. A
 	// batch's goroutine grows its stack deep in the HTTP client; one new
 	// for each batch grew it again each time.
-	senders chan []*pending
-	quit    chan struct{} // closed by Close: idle senders end
+	senders chan []*pending // closed by Close: idle senders end
 	workers sync.WaitGroup
-	quitted sync.Once
+	quit    sync.Once
 
 	// The batches being filled, one per limit (batchLimit), under mu: the
 	// attempt that fills one sends it, a timer the one whose wait is up.
@@ -112,7 +111,7 @@ var (
 // after its first one.
 func NewBatcher(t BatchSender, o BatchOptions) *Batcher {
 	return &Batcher{t: t, now: time.Now, max: max(o.MaxMessages, 1), wait: o.MaxWait, budget: o.Budget, minCall: o.MinCall,
-		open: map[int]*gathering{}, senders: make(chan []*pending), quit: make(chan struct{})}
+		open: map[int]*gathering{}, senders: make(chan []*pending)}
 }
 
 // Close stops collecting, sends the batches being filled, and waits until
@@ -125,7 +124,8 @@ func (b *Batcher) Close() {
 	}
 	b.mu.Unlock()
 	b.sending.Wait()
-	b.quitted.Do(func() { close(b.quit) })
+	// Nothing is dispatched once closed is set: no send can follow.
+	b.quit.Do(func() { close(b.senders) })
 	b.workers.Wait()
 }
 
@@ -279,11 +279,13 @@ func (b *Batcher) sender(batch []*pending) {
 		b.send(batch)
 		b.sending.Done()
 		idle.Reset(senderIdle)
+		var ok bool
 		select {
-		case batch = <-b.senders:
+		case batch, ok = <-b.senders:
+			if !ok {
+				return
+			}
 		case <-idle.C:
-			return
-		case <-b.quit:
 			return
 		}
 	}
