@@ -172,9 +172,11 @@ func depth(t *testing.T, conn *amqp.Connection, queue string) int {
 
 // call is one request the app received.
 type call struct {
-	At     time.Time
-	Header http.Header
-	Body   []byte
+	// At is when the app took the call up; Arrived when its request
+	// reached the app: a batch's events are taken up one after another.
+	At, Arrived time.Time
+	Header      http.Header
+	Body        []byte
 }
 
 // app is a scripted HTTP app on loopback. respond picks the answer for each
@@ -206,11 +208,12 @@ func (a *app) serve(ln net.Listener) {
 	a.ln = ln
 	a.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
+		arrived := time.Now()
 		if r.Header.Get("Content-Type") == handler.BatchContentType {
-			a.batch(w, body)
+			a.batch(w, body, arrived)
 			return
 		}
-		a.one(w, call{At: time.Now(), Header: r.Header.Clone(), Body: body})
+		a.one(w, call{At: arrived, Arrived: arrived, Header: r.Header.Clone(), Body: body})
 	})}
 	go func() { _ = a.srv.Serve(ln) }()
 }
@@ -235,7 +238,7 @@ func (a *app) one(w http.ResponseWriter, c call) {
 // of its own (its attributes as the headers binary mode would have sent),
 // and returns one result per event: its status, Retry-After and
 // Handoff-Outcome.
-func (a *app) batch(w http.ResponseWriter, body []byte) {
+func (a *app) batch(w http.ResponseWriter, body []byte, arrived time.Time) {
 	var events []map[string]any
 	if err := json.Unmarshal(body, &events); err != nil {
 		a.t.Errorf("app: batch body: %v", err)
@@ -267,7 +270,7 @@ func (a *app) batch(w http.ResponseWriter, body []byte) {
 			data, _ = json.Marshal(v)
 		}
 		rec := httptest.NewRecorder()
-		a.one(rec, call{At: time.Now(), Header: h, Body: data})
+		a.one(rec, call{At: time.Now(), Arrived: arrived, Header: h, Body: data})
 		res := map[string]any{"id": e["id"], "status": rec.Code, "detail": rec.Body.String()}
 		if v := rec.Header().Get("Retry-After"); v != "" {
 			res["retry_after"] = v

@@ -35,6 +35,10 @@ const (
 	// consumer.
 	HeaderStops      = "handoff-stops"
 	HeaderAloneStops = "handoff-alone-stops"
+	// HeaderRedelivered says an earlier attempt may have done the work
+	// without the sidecar learning of it: every later attempt says so too
+	// (Handoff-Redelivered).
+	HeaderRedelivered = "handoff-redelivered"
 )
 
 // TimeLayout is how times are written in handoff-* headers: RFC 3339 in UTC
@@ -76,6 +80,11 @@ type Trail struct {
 	// its own doing.
 	Stops      int
 	AloneStops int
+	// Redelivered: an earlier attempt may have done the work, its answer
+	// lost (the process gone mid-call, a timeout) or its delivery come back
+	// from the broker. It stays set: every later attempt says
+	// Handoff-Redelivered, whatever the attempts between them answered.
+	Redelivered bool
 }
 
 // Headers returns t as handoff-* headers. The event id and attempt are always
@@ -106,6 +115,9 @@ func (t *Trail) Headers() Headers {
 	}
 	if t.AloneStops > 0 {
 		h[HeaderAloneStops] = strconv.Itoa(t.AloneStops)
+	}
+	if t.Redelivered {
+		h[HeaderRedelivered] = "true"
 	}
 	setTime(HeaderFirstAttemptAt, t.FirstAttemptAt)
 	setTime(HeaderFirstFailureAt, t.FirstFailureAt)
@@ -151,6 +163,13 @@ func ParseTrail(h Headers) (Trail, error) {
 	}
 	if t.AloneStops > t.Stops {
 		return t, fmt.Errorf("%s %d exceeds %s %d", HeaderAloneStops, t.AloneStops, HeaderStops, t.Stops)
+	}
+	switch v, ok := h[HeaderRedelivered]; {
+	case !ok:
+	case v == "true":
+		t.Redelivered = true
+	default:
+		return t, fmt.Errorf("%s %q: want true or none", HeaderRedelivered, v)
 	}
 	for _, f := range []struct {
 		key      string

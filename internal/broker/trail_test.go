@@ -36,6 +36,12 @@ func checkTrail(t *testing.T, got, want broker.Trail) {
 	if got.Defers != want.Defers {
 		t.Errorf("Defers = %d, want %d", got.Defers, want.Defers)
 	}
+	if got.Stops != want.Stops || got.AloneStops != want.AloneStops {
+		t.Errorf("Stops, AloneStops = %d, %d, want %d, %d", got.Stops, got.AloneStops, want.Stops, want.AloneStops)
+	}
+	if got.Redelivered != want.Redelivered {
+		t.Errorf("Redelivered = %v, want %v", got.Redelivered, want.Redelivered)
+	}
 	times := []struct {
 		field     string
 		got, want time.Time
@@ -79,6 +85,9 @@ func TestTrailRoundTrip(t *testing.T) {
 				Origin:         "rabbitmq:orders",
 				DeadReason:     "max-attempts",
 				ReplayID:       "replay-42",
+				Stops:          2,
+				AloneStops:     1,
+				Redelivered:    true,
 			},
 		},
 		{
@@ -306,6 +315,8 @@ func TestParseTrailErrors(t *testing.T) {
 		{name: "first failure at garbage", key: broker.HeaderFirstFailureAt, value: "soon"},
 		{name: "next due hour 24", key: broker.HeaderNextDue, value: "2026-01-01T24:00:00Z"},
 		{name: "next due empty", key: broker.HeaderNextDue, value: ""},
+		{name: "redelivered false", key: broker.HeaderRedelivered, value: "false"},
+		{name: "redelivered garbage", key: broker.HeaderRedelivered, value: "yes"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -70,7 +70,7 @@ func (h *handoff) attempts(ctx context.Context, at time.Time) (handedOver bool) 
 			Type:        defaultCEType,
 			Attempt:     next,
 			Deadline:    t.Deadline,
-			Redelivered: h.msg.Redelivered || t.ErrorClass == budget.Unknown.String(),
+			Redelivered: t.Redelivered || h.msg.Redelivered || t.ErrorClass == budget.Unknown.String(),
 			ReplayID:    t.ReplayID,
 			// The attempt's fields the gRPC request carries.
 			FirstAttemptAt: t.FirstAttemptAt,
@@ -109,24 +109,31 @@ func (h *handoff) attempts(ctx context.Context, at time.Time) (handedOver bool) 
 		}
 		req.Timeout = min(e.o.Timeout, t.Deadline.Sub(now))
 		if h.recorded != req.Attempt {
-			// Written once the call is sure to be made, before it: a crash
-			// during the call leaves an attempt whose outcome is unknown.
 			rec := journal.Record{Kind: journal.Attempt, At: now, Hop: t.Hops, Attempt: req.Attempt}
 			if alone {
 				rec.Detail = journal.AttemptAlone
 			}
-			if h.msg.Redelivered || alone {
-				// Durable before the call: a delivery that came back may be
-				// one that stops the sidecar, and only a written attempt
-				// counts it (and says it was alone). A first delivery keeps
-				// the cheap path: the broker's flag or the Kafka mark says
-				// it is a repeat if the process dies in its call.
+			if h.msg.Redelivered || alone || h.msg.Copy {
+				// Durable before the call, once it is sure to be made: a
+				// delivery that came back may be one that stops the
+				// sidecar, and only a written attempt counts it (and says
+				// it was alone); a crash during the call leaves an attempt
+				// whose outcome is unknown. A copy may have a twin (one
+				// published again after a crash before its confirm), a
+				// new message to the broker: only the journal tells the
+				// twin that this call may have reached the app.
 				if !h.journal(ctx, rec) {
 					e.limiter.Release(0)
 					return
 				}
 			} else {
-				h.appendAsync(rec)
+				// A source message's first delivery's is written with
+				// what comes of the call, its outcome: one part for a
+				// first-attempt success (DESIGN §2). Should the process
+				// die in the call, the broker's redelivered flag or the
+				// Kafka handed-out mark says the redelivery is a repeat,
+				// and its attempt is written before its call.
+				h.attempted = rec
 			}
 			h.recorded = req.Attempt
 		}

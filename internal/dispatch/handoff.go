@@ -42,9 +42,11 @@ type handoff struct {
 	intake context.Context
 	trail  broker.Trail
 	key    journal.Key
-	// received is the RECEIVED record, written with the next record of the
-	// hop so that the common path queues one write, not two.
-	received journal.Record
+	// received is the RECEIVED record, and attempted a first delivery's
+	// ATTEMPT record, written with the next record of the hop: a first
+	// attempt's with its outcome, so that the common path writes one part,
+	// not two (see attempts).
+	received, attempted journal.Record
 	// renewed: this is a new publish of an event the journal has a history
 	// for; a RENEWED record goes before RECEIVED so that history starts over.
 	renewed bool
@@ -205,6 +207,11 @@ func (h *handoff) logger() *slog.Logger {
 func (h *handoff) run(ctx context.Context) (handedOver bool) {
 	e := h.e
 	ok := h.readTrail()
+	if h.msg.Redelivered {
+		// Handed out before: a call may have done the work. Every copy
+		// made from here on says so.
+		h.trail.Redelivered = true
+	}
 	e.o.Observer.Received(h.r.Name, h.retry)
 	kl, err := e.keys.lock(ctx, h.key, h.dropSlot)
 	if err != nil {

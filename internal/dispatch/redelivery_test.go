@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"maps"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -142,5 +143,111 @@ func TestRenewedHistoryIsDurableBeforeTheCall(t *testing.T) {
 	}
 	if handledDuring.Load() {
 		t.Error("during the second call the journal still said handled: a crash there would settle the redelivery unseen")
+	}
+}
+
+// A source message's first delivery's ATTEMPT is written with its outcome,
+// in one part, not queued before its call: during the call the journal
+// holds nothing of it, even once a commit has landed. A delivery that came
+// back has its attempt durable before its call (only a written attempt
+// counts a stop), and so does a copy, whose twin (published again after a
+// crash before its confirm) only the journal can tell that this call may
+// have reached the app.
+func TestAttemptWrittenBeforeTheCallOnlyWhenItCounts(t *testing.T) {
+	cases := []struct {
+		name   string
+		mark   func(d *fakeDelivery)
+		before bool // the attempt is in the journal during the call
+	}{
+		{"first delivery", func(*fakeDelivery) {}, false},
+		{"redelivered", func(d *fakeDelivery) { d.msg.Redelivered = true }, true},
+		{"copy", func(d *fakeDelivery) {
+			tr := broker.Trail{EventID: "evt-s", Attempt: 1, Hops: 1,
+				FirstAttemptAt: time.Now(), Deadline: time.Now().Add(time.Hour)}
+			d.msg.Copy, d.msg.Headers = true, tr.Headers()
+		}, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := newRig(t, budget.Success)
+			d := r.delivery("evt-s")
+			c.mark(d)
+			e := r.engine(4, d)
+			var during journal.State
+			var readErr error
+			e.o.Handler = stateApp{fakeApp: r.app, during: func() {
+				// A waited write of another event commits whatever was
+				// queued before it.
+				if readErr = r.journal.Append(context.Background(), journal.Key{Source: "fake", EventID: "other"},
+					journal.Record{Kind: journal.Received}); readErr != nil {
+					return
+				}
+				during, readErr = r.journal.State(journal.Key{Source: "fake", EventID: "evt-s"})
+			}}
+			run(t, e, func() bool { return len(r.snapshot()) >= 1 })
+			if readErr != nil {
+				t.Fatal(readErr)
+			}
+			if got := during.HopAttempt > 0; got != c.before {
+				t.Errorf("during the call the journal held the attempt: %v, want %v (state %+v)", got, c.before, during)
+			}
+			after, err := r.journal.State(journal.Key{Source: "fake", EventID: "evt-s"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !after.Handled() || after.HopAttempt == 0 {
+				t.Errorf("after the call: %+v, want its attempt handled", after)
+			}
+			if events := kinds(r.snapshot()); len(events) != 1 || events[0] != "ack" {
+				t.Errorf("events %v, want [ack]", events)
+			}
+		})
+	}
+}
+
+// redeliveredApp records each call's Handoff-Redelivered.
+type redeliveredApp struct {
+	*fakeApp
+	flags *[]bool
+}
+
+func (a redeliveredApp) Deliver(ctx context.Context, r *handler.Request) handler.Result {
+	a.fakeApp.mu.Lock()
+	*a.flags = append(*a.flags, r.Redelivered)
+	a.fakeApp.mu.Unlock()
+	return a.fakeApp.Deliver(ctx, r)
+}
+
+// Once a call may have done the work without the sidecar learning of it (a
+// redelivery, here), every later attempt says so, whatever the attempts
+// between answered: the retry copy of a redelivered message that failed
+// carries the flag, and its call says Handoff-Redelivered too.
+func TestRedeliveredStaysSetAcrossHops(t *testing.T) {
+	r := newRig(t, budget.Retry, budget.Success)
+	var flags []bool
+	d := r.delivery("evt-r")
+	d.msg.Redelivered = true
+	e := r.engine(4, d)
+	e.o.Handler = redeliveredApp{fakeApp: r.app, flags: &flags}
+	run(t, e, func() bool { return len(r.snapshot()) >= 2 })
+	got := r.snapshot()
+	if len(got) < 2 || got[0].kind != "transfer" {
+		t.Fatalf("events %v, want a retry transfer first", kinds(got))
+	}
+	trail := got[0].trail
+	if trail[broker.HeaderRedelivered] != "true" {
+		t.Fatalf("retry copy's trail %v lacks %s: true", trail, broker.HeaderRedelivered)
+	}
+
+	copyD := r.delivery("evt-r")
+	copyD.msg.Copy, copyD.msg.Headers = true, maps.Clone(trail)
+	delete(copyD.msg.Headers, broker.HeaderNextDue) // due now
+	e2 := r.engine(4, copyD)
+	e2.o.Handler = redeliveredApp{fakeApp: r.app, flags: &flags}
+	run(t, e2, func() bool { return len(r.snapshot()) >= 3 })
+	r.app.mu.Lock()
+	defer r.app.mu.Unlock()
+	if len(flags) != 2 || !flags[0] || !flags[1] {
+		t.Errorf("calls' Handoff-Redelivered %v, want [true true]: the copy's call must say an earlier attempt may have done the work", flags)
 	}
 }

@@ -36,6 +36,9 @@ func (h *handoff) decide(ctx context.Context, attempt int, res handler.Result, r
 	if res.Outcome == budget.Defer {
 		t.Defers++
 	}
+	if res.Outcome == budget.Unknown {
+		t.Redelivered = true // its effect may have happened
+	}
 	if res.Outcome != budget.Success && res.Outcome != budget.Drop {
 		if t.FirstFailureAt.IsZero() {
 			t.FirstFailureAt = now
@@ -206,14 +209,14 @@ func (h *handoff) settledRecord(why string) journal.Record {
 	return journal.Record{Kind: journal.Settled, Hop: h.trail.Hops, Detail: why}
 }
 
-// appendAsync queues rec, after the hop's RECEIVED record if that is still
-// unwritten.
+// appendAsync queues rec, after the hop's RECEIVED and ATTEMPT records if
+// those are still unwritten.
 func (h *handoff) appendAsync(rec journal.Record) {
 	h.e.o.Journal.AppendAsync(h.key, h.batch(rec)...)
 }
 
-// batch is the hop's RENEWED and RECEIVED records, if still unwritten,
-// then recs, in a slice of its own (see records).
+// batch is the hop's RENEWED, RECEIVED and ATTEMPT records, those still
+// unwritten, then recs, in a slice of its own (see records).
 func (h *handoff) batch(recs ...journal.Record) []journal.Record {
 	n := len(recs)
 	if h.received.Kind != 0 {
@@ -221,6 +224,9 @@ func (h *handoff) batch(recs ...journal.Record) []journal.Record {
 		if h.renewed {
 			n++
 		}
+	}
+	if h.attempted.Kind != 0 {
+		n++
 	}
 	if n == 0 {
 		return nil
@@ -233,6 +239,10 @@ func (h *handoff) batch(recs ...journal.Record) []journal.Record {
 		}
 		out = append(out, h.received)
 		h.received = journal.Record{}
+	}
+	if h.attempted.Kind != 0 {
+		out = append(out, h.attempted)
+		h.attempted = journal.Record{}
 	}
 	return append(out, recs...)
 }

@@ -406,7 +406,7 @@ func (j *Journal) AppendAsync(k Key, recs ...Record) {
 	}
 }
 
-// requests are reused: a hand-off makes three, and the records they carry
+// requests are reused: a hand-off makes one or more, and the records they carry
 // are copied into them, so that neither the requests nor the callers'
 // records are allocated per call.
 var requests = sync.Pool{New: func() any { return &request{done: make(chan error, 1)} }}

@@ -262,8 +262,8 @@ func (j *Journal) write(tx *bolt.Tx, batch []*request) (int, error) {
 // records go in one part, at the first one's place in the log, in the order
 // they were queued. The transaction lands all of them or none, so nothing a
 // crash could leave changes; one part costs less than several, on disk and
-// to write. A first attempt's RECEIVED and ATTEMPT, queued as its call
-// starts, and its OUTCOME, queued as it ends, are often in one batch.
+// to write. A hand-off's OUTCOME and a RELEASED or TRANSFERRING queued
+// soon after it, say, are often in one batch.
 type joins struct {
 	latest map[Key]int // the latest request of each hand-off so far
 	size   []int       // the size of the records joined up to each request
