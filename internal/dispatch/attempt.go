@@ -126,14 +126,18 @@ func (h *handoff) attempts(ctx context.Context, at time.Time) (handedOver bool) 
 					e.limiter.Release(0)
 					return
 				}
-			} else {
-				// A source message's first delivery's is written with
-				// what comes of the call, its outcome: one part for a
+			} else if req.Attempt == 1 {
+				// A source message's first delivery's first is written
+				// with what comes of the call, its outcome: one part for a
 				// first-attempt success (DESIGN §2). Should the process
 				// die in the call, the broker's redelivered flag or the
 				// Kafka handed-out mark says the redelivery is a repeat,
 				// and its attempt is written before its call.
 				h.attempted = rec
+			} else {
+				// A later attempt in place: queued before the call, so
+				// that a crash in it leaves the attempt counted.
+				h.appendAsync(rec)
 			}
 			h.recorded = req.Attempt
 		}

@@ -251,3 +251,35 @@ func TestRedeliveredStaysSetAcrossHops(t *testing.T) {
 		t.Errorf("calls' Handoff-Redelivered %v, want [true true]: the copy's call must say an earlier attempt may have done the work", flags)
 	}
 }
+
+// A retry in place (the message holds its place) is not a first attempt:
+// its ATTEMPT record is queued before its call, as before, so that a crash
+// during it leaves the attempt counted.
+func TestInPlaceRetryQueuesItsAttemptBeforeTheCall(t *testing.T) {
+	r := newRig(t, budget.Retry, budget.Success)
+	d := r.delivery("evt-p")
+	e := r.engine(4, d)
+	e.o.Routes[0].InPlace = true
+	var calls int
+	var during journal.State
+	var readErr error
+	e.o.Handler = stateApp{fakeApp: r.app, during: func() {
+		if calls++; calls != 2 {
+			return
+		}
+		// A waited write of another event commits whatever was queued
+		// before it.
+		if readErr = r.journal.Append(context.Background(), journal.Key{Source: "fake", EventID: "other"},
+			journal.Record{Kind: journal.Received}); readErr != nil {
+			return
+		}
+		during, readErr = r.journal.State(journal.Key{Source: "fake", EventID: "evt-p"})
+	}}
+	run(t, e, func() bool { return len(r.snapshot()) >= 1 })
+	if readErr != nil {
+		t.Fatal(readErr)
+	}
+	if calls != 2 || during.HopAttempt != 2 {
+		t.Errorf("calls %d; during the second call the journal held attempt %d, want 2 (state %+v)", calls, during.HopAttempt, during)
+	}
+}
