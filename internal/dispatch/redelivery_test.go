@@ -176,13 +176,7 @@ func TestAttemptWrittenBeforeTheCallOnlyWhenItCounts(t *testing.T) {
 			var during journal.State
 			var readErr error
 			e.o.Handler = stateApp{fakeApp: r.app, during: func() {
-				// A waited write of another event commits whatever was
-				// queued before it.
-				if readErr = r.journal.Append(context.Background(), journal.Key{Source: "fake", EventID: "other"},
-					journal.Record{Kind: journal.Received}); readErr != nil {
-					return
-				}
-				during, readErr = r.journal.State(journal.Key{Source: "fake", EventID: "evt-s"})
+				during, readErr = r.committedState("evt-s")
 			}}
 			run(t, e, func() bool { return len(r.snapshot()) >= 1 })
 			if readErr != nil {
@@ -264,16 +258,9 @@ func TestInPlaceRetryQueuesItsAttemptBeforeTheCall(t *testing.T) {
 	var during journal.State
 	var readErr error
 	e.o.Handler = stateApp{fakeApp: r.app, during: func() {
-		if calls++; calls != 2 {
-			return
+		if calls++; calls == 2 {
+			during, readErr = r.committedState("evt-p")
 		}
-		// A waited write of another event commits whatever was queued
-		// before it.
-		if readErr = r.journal.Append(context.Background(), journal.Key{Source: "fake", EventID: "other"},
-			journal.Record{Kind: journal.Received}); readErr != nil {
-			return
-		}
-		during, readErr = r.journal.State(journal.Key{Source: "fake", EventID: "evt-p"})
 	}}
 	run(t, e, func() bool { return len(r.snapshot()) >= 1 })
 	if readErr != nil {
@@ -282,4 +269,14 @@ func TestInPlaceRetryQueuesItsAttemptBeforeTheCall(t *testing.T) {
 	if calls != 2 || during.HopAttempt != 2 {
 		t.Errorf("calls %d; during the second call the journal held attempt %d, want 2 (state %+v)", calls, during.HopAttempt, during)
 	}
+}
+
+// committedState is the journal's state of the event id once whatever was
+// queued so far is committed: a waited write of another event commits it.
+func (r *rig) committedState(id string) (journal.State, error) {
+	if err := r.journal.Append(context.Background(), journal.Key{Source: "fake", EventID: "other"},
+		journal.Record{Kind: journal.Received}); err != nil {
+		return journal.State{}, err
+	}
+	return r.journal.State(journal.Key{Source: "fake", EventID: id})
 }
