@@ -347,7 +347,7 @@ type row struct {
 }
 
 func (r row) line(ceil float64) string {
-	return fmt.Sprintf("%-44s %9.0f msg/s  %5.2f calls/msg  cpu %5.2fs/10k  rss %5.1fMB  anon %5.1fMB  ×base %4.2f  ×ceil %4.2f  %s",
+	return fmt.Sprintf("%-44s %9.0f msg/s  %5.2f calls/msg  cpu %6.3fs/10k  rss %5.1fMB  anon %5.1fMB  ×base %4.2f  ×ceil %4.2f  %s",
 		r.name, r.rate, r.calls, r.cpu, r.rssMB, r.anonMB, r.vsBase, ratio(r.rate, ceil), r.shownNote())
 }
 
