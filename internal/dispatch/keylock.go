@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"hash/maphash"
+	"slices"
 	"sync"
 
 	"handoff.dev/handoff/internal/journal"
@@ -41,11 +42,16 @@ type keyShard struct {
 // than the walks in flight at once is memory for nothing.
 const maxFreeKeyLocks = 1024
 
+// keyLock is one key's lock. Its state is under its shard's mu: a lock
+// taken and given back by one walk, the usual case, costs the shard's mutex
+// twice and nothing else; only a second walk of the key waits, on a channel
+// of its own, which the holder's unlock closes to hand the lock over.
 type keyLock struct {
-	held  chan struct{} // a token: full while held
-	refs  int           // the holder and those waiting; under the shard's mu
-	h     uint64        // the hash it is locked under
-	shard *keyShard
+	held    bool
+	waiters []chan struct{} // in arrival order; each is handed the lock in turn
+	refs    int             // the holder and those waiting
+	h       uint64          // the hash it is locked under
+	shard   *keyShard
 }
 
 func newKeyLocks() *keyLocks {
@@ -69,28 +75,40 @@ func (l *keyLocks) lock(ctx context.Context, k journal.Key, contended func()) (*
 			kl, s.free[n-1] = s.free[n-1], nil
 			s.free = s.free[:n-1]
 		} else {
-			kl = &keyLock{held: make(chan struct{}, 1), shard: s}
+			kl = &keyLock{shard: s}
 		}
 		kl.h = h
 		s.m[h] = kl
 	}
 	kl.refs++
-	s.mu.Unlock()
-	select {
-	case kl.held <- struct{}{}:
+	if !kl.held {
+		kl.held = true
+		s.mu.Unlock()
 		return kl, nil
-	default:
 	}
+	turn := make(chan struct{})
+	kl.waiters = append(kl.waiters, turn)
+	s.mu.Unlock()
 	if contended != nil {
 		contended()
 	}
 	select {
-	case kl.held <- struct{}{}:
+	case <-turn:
 		return kl, nil
 	case <-ctx.Done():
-		l.release(kl)
+	}
+	s.mu.Lock()
+	if i := slices.Index(kl.waiters, turn); i >= 0 {
+		// Still waiting: it leaves the queue.
+		kl.waiters = slices.Delete(kl.waiters, i, i+1)
+		l.releaseLocked(kl)
+		s.mu.Unlock()
 		return nil, ctx.Err()
 	}
+	s.mu.Unlock()
+	// Handed the lock as ctx ended: passed on to the next.
+	l.unlock(kl)
+	return nil, ctx.Err()
 }
 
 // hash is k's hash: its event id's, and its replay id's when it has one.
@@ -104,25 +122,35 @@ func (l *keyLocks) hash(k journal.Key) uint64 {
 	return h
 }
 
-// unlock releases kl, which lock returned.
+// unlock releases kl, which lock returned: to the first walk waiting for
+// it, if any.
 func (l *keyLocks) unlock(kl *keyLock) {
-	<-kl.held
-	l.release(kl)
-}
-
-func (l *keyLocks) release(kl *keyLock) {
 	s := kl.shard
 	s.mu.Lock()
+	if len(kl.waiters) > 0 {
+		next := kl.waiters[0]
+		kl.waiters[0] = nil
+		kl.waiters = kl.waiters[1:]
+		close(next) // held from here on by that waiter
+	} else {
+		kl.held = false
+	}
+	l.releaseLocked(kl)
+	s.mu.Unlock()
+}
+
+// releaseLocked drops one reference to kl; its shard's mu is held.
+func (l *keyLocks) releaseLocked(kl *keyLock) {
+	s := kl.shard
 	kl.refs--
 	if kl.refs == 0 {
-		// No one holds it or waits for it: its token is out, so it is as
-		// good as new.
+		// No one holds it or waits for it: it is as good as new.
 		delete(s.m, kl.h)
+		kl.waiters = kl.waiters[:0]
 		if len(s.free) < maxFreeKeyLocks/keyShards {
 			s.free = append(s.free, kl)
 		}
 	}
-	s.mu.Unlock()
 }
 
 // counts is how many keys are locked and how many locks are free.

@@ -72,3 +72,53 @@ func TestKeyLocks(t *testing.T) {
 	}
 	l.unlock(kl)
 }
+
+// Many walks on few keys, some giving up while they wait: one holder of a
+// key at a time, every lock handed on or given back (none left locked),
+// and a waiter whose wait ends as the lock is handed to it passes it on.
+func TestKeyLocksUnderContention(t *testing.T) {
+	l := newKeyLocks()
+	const keys, walkers, rounds = 3, 16, 300
+	var holders [keys]atomic.Int32
+	var taken, gaveUp atomic.Int64
+	done := make(chan struct{})
+	for w := range walkers {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for i := range rounds {
+				k := (w + i) % keys
+				ctx, cancel := context.Background(), context.CancelFunc(func() {})
+				if i%3 == 0 {
+					// Gives up soon: often while the lock is being handed to it.
+					ctx, cancel = context.WithTimeout(context.Background(), time.Duration(i%50)*time.Microsecond)
+				}
+				kl, err := l.lock(ctx, journal.Key{Source: "s", EventID: strconv.Itoa(k)}, nil)
+				cancel()
+				if err != nil {
+					gaveUp.Add(1)
+					continue
+				}
+				if n := holders[k].Add(1); n != 1 {
+					t.Errorf("key %d held by %d walks at once", k, n)
+				}
+				taken.Add(1)
+				holders[k].Add(-1)
+				l.unlock(kl)
+			}
+		}()
+	}
+	for range walkers {
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatal("walks stuck on their keys' locks: a lock was never handed on")
+		}
+	}
+	if n, _ := l.counts(); n != 0 {
+		t.Errorf("%d keys still locked after every walk unlocked or gave up", n)
+	}
+	t.Logf("%d locks taken, %d waits given up", taken.Load(), gaveUp.Load())
+	if taken.Load() == 0 || gaveUp.Load() == 0 {
+		t.Errorf("taken %d, given up %d: the test exercised neither a hand-over nor a give-up", taken.Load(), gaveUp.Load())
+	}
+}
