@@ -319,3 +319,17 @@ func TestInTurn(t *testing.T) {
 		t.Errorf("one round: %v, %d shown; want [c] and none shown", one, shown)
 	}
 }
+
+// -compare's sides take turns going first: round 1 as given, round 2
+// reversed, and so on.
+func TestCompareSidesTakeTurns(t *testing.T) {
+	sides := []string{"new", "old"}
+	for round, want := range map[int]string{1: "new old", 2: "old new", 3: "new old", 4: "old new"} {
+		if got := strings.Join(sidesInTurn(sides, round), " "); got != want {
+			t.Errorf("round %d runs %q, want %q", round, got, want)
+		}
+	}
+	if strings.Join(sides, " ") != "new old" {
+		t.Errorf("sidesInTurn changed its argument: %v", sides)
+	}
+}

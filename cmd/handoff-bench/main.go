@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -93,7 +94,7 @@ func runHarness(args []string) error {
 	fs.BoolVar(&o.skipSlow, "skip-slow", false, "leave out journal.sync: always and ordering: partition (slow by design)")
 	fs.StringVar(&o.profile, "profile", "", "write each consumer run's CPU profile (pprof), its app's (.app.pprof), and the sidecar's allocations, into this directory")
 	fs.StringVar(&o.only, "only", "", "rabbitmq or kafka: run one broker's columns")
-	fs.StringVar(&o.compare, "compare", "", "another sidecar binary: run only the single-message sidecar rows (the batch rows with -batch), alternating the two binaries, and print them")
+	fs.StringVar(&o.compare, "compare", "", "another sidecar binary: run only the single-message sidecar rows (the batch rows with -batch), alternating the two binaries (each round the other goes first), and print them")
 	fs.BoolVar(&o.compareIDs, "compare-ids", false, "like -compare, but alternate random message ids with time-ordered ones on the one sidecar binary")
 	fs.BoolVar(&o.compareMetrics, "compare-metrics", false, "like -compare, but alternate metrics on with metrics off on the one sidecar binary")
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds of -compare, -compare-ids or -compare-metrics; in the table, rounds of the rows the targets compare, run in turn (each shown as its median round)")
@@ -287,7 +288,7 @@ func compare(o options) error {
 		sides = []side{{filepath.Base(o.sidecar), o}, {filepath.Base(other), ob}}
 	}
 	for round := 1; round <= o.rounds; round++ {
-		for _, sd := range sides {
+		for _, sd := range sidesInTurn(sides, round) {
 			tag := fmt.Sprintf(" [%s, round %d]", sd.tag, round)
 			sd.o.side = fmt.Sprintf("%s-%d", strings.ReplaceAll(sd.tag, " ", "-"), round)
 			show := func(r row, err error) {
@@ -306,6 +307,18 @@ func compare(o options) error {
 		}
 	}
 	return nil
+}
+
+// sidesInTurn is the order the sides run in a round: as given in odd rounds,
+// reversed in even ones, so that neither side always runs first (the one
+// run first met a machine that had been idle, or just busy, more often).
+func sidesInTurn[T any](sides []T, round int) []T {
+	if round%2 == 1 {
+		return sides
+	}
+	out := slices.Clone(sides)
+	slices.Reverse(out)
+	return out
 }
 
 func envOr(k, def string) string {
