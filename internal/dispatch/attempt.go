@@ -63,6 +63,9 @@ func (h *handoff) attempts(ctx context.Context, at time.Time) (handedOver bool) 
 			}
 		}
 		req := h.request()
+		// The trail's Redelivered is set by a redelivery (run) and an
+		// unknown outcome (decide); a copy written by an earlier release
+		// says the second only by its error class.
 		*req = handler.Request{
 			Message:     h.msg,
 			EventID:     t.EventID,
@@ -70,7 +73,7 @@ func (h *handoff) attempts(ctx context.Context, at time.Time) (handedOver bool) 
 			Type:        defaultCEType,
 			Attempt:     next,
 			Deadline:    t.Deadline,
-			Redelivered: t.Redelivered || h.msg.Redelivered || t.ErrorClass == budget.Unknown.String(),
+			Redelivered: t.Redelivered || t.ErrorClass == budget.Unknown.String(),
 			ReplayID:    t.ReplayID,
 			// The attempt's fields the gRPC request carries.
 			FirstAttemptAt: t.FirstAttemptAt,
@@ -113,15 +116,13 @@ func (h *handoff) attempts(ctx context.Context, at time.Time) (handedOver bool) 
 			if alone {
 				rec.Detail = journal.AttemptAlone
 			}
-			if h.msg.Redelivered || alone || h.msg.Copy {
+			if h.msg.Redelivered || alone || h.mayHaveTwin() {
 				// Durable before the call, once it is sure to be made: a
 				// delivery that came back may be one that stops the
 				// sidecar, and only a written attempt counts it (and says
 				// it was alone); a crash during the call leaves an attempt
-				// whose outcome is unknown. A copy may have a twin (one
-				// published again after a crash before its confirm), a
-				// new message to the broker: only the journal tells the
-				// twin that this call may have reached the app.
+				// whose outcome is unknown. A twin, a new message to the
+				// broker, learns of this call only from the journal.
 				if !h.journal(ctx, rec) {
 					e.limiter.Release(0)
 					return
@@ -164,6 +165,12 @@ func (h *handoff) attempts(ctx context.Context, at time.Time) (handedOver bool) 
 		}
 	}
 }
+
+// mayHaveTwin reports whether the broker may hold a second of this
+// delivery, published anew: a copy the sidecar made (published again after
+// a crash before its confirm), or an operator's replay of a dead letter
+// (published again by a runner that took the replay over).
+func (h *handoff) mayHaveTwin() bool { return h.retry || h.trail.ReplayID != "" }
 
 // attemptsEnded is the end of attempt's loop, however it ends: a token
 // taken for a call that was never made, or whose call succeeded, goes back

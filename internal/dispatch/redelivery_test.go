@@ -150,22 +150,28 @@ func TestRenewedHistoryIsDurableBeforeTheCall(t *testing.T) {
 // in one part, not queued before its call: during the call the journal
 // holds nothing of it, even once a commit has landed. A delivery that came
 // back has its attempt durable before its call (only a written attempt
-// counts a stop), and so does a copy, whose twin (published again after a
-// crash before its confirm) only the journal can tell that this call may
-// have reached the app.
+// counts a stop), and so do a copy and a replay, whose twin (published
+// again after a crash before its confirm, or by a runner that took the
+// replay over) only the journal can tell that this call may have reached
+// the app.
 func TestAttemptWrittenBeforeTheCallOnlyWhenItCounts(t *testing.T) {
 	cases := []struct {
 		name   string
 		mark   func(d *fakeDelivery)
-		before bool // the attempt is in the journal during the call
+		replay string // the replay id the hand-off's key holds
+		before bool   // the attempt is in the journal during the call
 	}{
-		{"first delivery", func(*fakeDelivery) {}, false},
-		{"redelivered", func(d *fakeDelivery) { d.msg.Redelivered = true }, true},
-		{"copy", func(d *fakeDelivery) {
+		{name: "first delivery", mark: func(*fakeDelivery) {}},
+		{name: "redelivered", mark: func(d *fakeDelivery) { d.msg.Redelivered = true }, before: true},
+		{name: "copy", mark: func(d *fakeDelivery) {
 			tr := broker.Trail{EventID: "evt-s", Attempt: 1, Hops: 1,
 				FirstAttemptAt: time.Now(), Deadline: time.Now().Add(time.Hour)}
 			d.msg.Copy, d.msg.Headers = true, tr.Headers()
-		}, true},
+		}, before: true},
+		{name: "replay", mark: func(d *fakeDelivery) {
+			d.msg.Headers = broker.Headers{broker.HeaderEventID: "evt-s", broker.HeaderReplayID: "rp-1",
+				broker.HeaderReplayOf: "q.dlq/7"}
+		}, replay: "rp-1", before: true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -175,8 +181,9 @@ func TestAttemptWrittenBeforeTheCallOnlyWhenItCounts(t *testing.T) {
 			e := r.engine(4, d)
 			var during journal.State
 			var readErr error
+			k := journal.Key{Source: "fake", EventID: "evt-s", ReplayID: c.replay}
 			e.o.Handler = stateApp{fakeApp: r.app, during: func() {
-				during, readErr = r.committedState("evt-s")
+				during, readErr = r.committedState(k)
 			}}
 			run(t, e, func() bool { return len(r.snapshot()) >= 1 })
 			if readErr != nil {
@@ -185,7 +192,7 @@ func TestAttemptWrittenBeforeTheCallOnlyWhenItCounts(t *testing.T) {
 			if got := during.HopAttempt > 0; got != c.before {
 				t.Errorf("during the call the journal held the attempt: %v, want %v (state %+v)", got, c.before, during)
 			}
-			after, err := r.journal.State(journal.Key{Source: "fake", EventID: "evt-s"})
+			after, err := r.journal.State(k)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -259,7 +266,7 @@ func TestInPlaceRetryQueuesItsAttemptBeforeTheCall(t *testing.T) {
 	var readErr error
 	e.o.Handler = stateApp{fakeApp: r.app, during: func() {
 		if calls++; calls == 2 {
-			during, readErr = r.committedState("evt-p")
+			during, readErr = r.committedState(journal.Key{Source: "fake", EventID: "evt-p"})
 		}
 	}}
 	run(t, e, func() bool { return len(r.snapshot()) >= 1 })
@@ -271,12 +278,12 @@ func TestInPlaceRetryQueuesItsAttemptBeforeTheCall(t *testing.T) {
 	}
 }
 
-// committedState is the journal's state of the event id once whatever was
-// queued so far is committed: a waited write of another event commits it.
-func (r *rig) committedState(id string) (journal.State, error) {
+// committedState is the journal's state of k once whatever was queued so
+// far is committed: a waited write of another event commits it.
+func (r *rig) committedState(k journal.Key) (journal.State, error) {
 	if err := r.journal.Append(context.Background(), journal.Key{Source: "fake", EventID: "other"},
 		journal.Record{Kind: journal.Received}); err != nil {
 		return journal.State{}, err
 	}
-	return r.journal.State(journal.Key{Source: "fake", EventID: id})
+	return r.journal.State(k)
 }
