@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/valyala/fastjson"
 )
 
 // The bench app is a separate process, as the user's app is: it answers each
@@ -113,25 +115,15 @@ func runApp(args []string) error {
 	}
 	mux.HandleFunc("/events", func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Content-Type") == "application/cloudevents-batch+json" {
-			var events []struct {
-				ID      string `json:"id"`
-				Attempt string `json:"handoffattempt"`
-			}
-			if err := json.NewDecoder(r.Body).Decode(&events); err != nil {
+			events, err := readBatch(r.Body)
+			if err != nil {
 				w.WriteHeader(http.StatusBadRequest)
 				return
 			}
-			type result struct {
-				ID     string `json:"id"`
-				Status int    `json:"status"`
-			}
 			atomic.AddInt64(&st.Batches, 1)
-			results := make([]result, len(events))
-			for i, e := range events {
-				attempt, _ := strconv.Atoi(e.Attempt)
-				results[i] = result{ID: e.ID, Status: handle(e.ID, attempt)}
-			}
-			_ = json.NewEncoder(w).Encode(map[string]any{"results": results})
+			out := appendResults(make([]byte, 0, 16+len(events)*64), events, handle)
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write(out)
 			return
 		}
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -169,6 +161,60 @@ func runApp(args []string) error {
 	fmt.Fprintf(os.Stdout, "listening %s\n", ln.Addr())
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	return srv.Serve(ln)
+}
+
+// batchEvent is what the app reads of an event in a batch.
+type batchEvent struct {
+	id      string
+	attempt int
+}
+
+var batchParsers fastjson.ParserPool
+
+// readBatch reads a CloudEvents batch: the whole body is parsed and
+// validated, as any JSON reader must to find where each event ends, and
+// each event's id and handoffattempt kept. It uses a parser as fast as the
+// JSON readers most apps' languages have; encoding/json's reflective
+// decode, which the single-message rows never pay (their bodies go
+// unread), was most of the app's CPU behind the batch rows.
+func readBatch(body io.Reader) ([]batchEvent, error) {
+	data, err := io.ReadAll(body)
+	if err != nil {
+		return nil, err
+	}
+	p := batchParsers.Get()
+	defer batchParsers.Put(p)
+	v, err := p.ParseBytes(data)
+	if err != nil {
+		return nil, err
+	}
+	arr, err := v.Array()
+	if err != nil {
+		return nil, err
+	}
+	events := make([]batchEvent, len(arr))
+	for i, ev := range arr {
+		events[i].id = string(ev.GetStringBytes("id"))
+		events[i].attempt, _ = strconv.Atoi(string(ev.GetStringBytes("handoffattempt")))
+	}
+	return events, nil
+}
+
+// appendResults appends the batch answer: each event's status by handle.
+func appendResults(out []byte, events []batchEvent, handle func(id string, attempt int) int) []byte {
+	out = append(out, `{"results":[`...)
+	for i, e := range events {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		id, _ := json.Marshal(e.id)
+		out = append(out, `{"id":`...)
+		out = append(out, id...)
+		out = append(out, `,"status":`...)
+		out = strconv.AppendInt(out, int64(handle(e.id, e.attempt)), 10)
+		out = append(out, '}')
+	}
+	return append(out, "]}\n"...)
 }
 
 // slowestBySecond is, for each second from the first arrival on, the

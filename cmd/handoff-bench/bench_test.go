@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -331,5 +332,39 @@ func TestCompareSidesTakeTurns(t *testing.T) {
 	}
 	if strings.Join(sides, " ") != "new old" {
 		t.Errorf("sidesInTurn changed its argument: %v", sides)
+	}
+}
+
+// The app reads a batch as the sidecar writes it — events with JSON data,
+// escaped ids, attempts as strings — and answers each id, escaped again.
+func TestAppReadsABatch(t *testing.T) {
+	batch := `[{"specversion":"1.0","id":"a\"1\u00e9","source":"s","type":"t","handoffattempt":"2",` +
+		`"datacontenttype":"application/json","data":{"n":[1,2,{"x":"y"}]}},` +
+		`{"id":"b","handoffattempt":"1","data_base64":"AAE="}]`
+	events, err := readBatch(strings.NewReader(batch))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []batchEvent{{id: "a\"1é", attempt: 2}, {id: "b", attempt: 1}}
+	if !slices.Equal(events, want) {
+		t.Fatalf("read %+v, want %+v", events, want)
+	}
+	out := appendResults(nil, events, func(id string, attempt int) int { return 200 + attempt })
+	var answer struct {
+		Results []struct {
+			ID     string `json:"id"`
+			Status int    `json:"status"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(out, &answer); err != nil {
+		t.Fatalf("answer %s: %v", out, err)
+	}
+	if len(answer.Results) != 2 || answer.Results[0].ID != "a\"1é" || answer.Results[0].Status != 202 || answer.Results[1].Status != 201 {
+		t.Fatalf("answer %s", out)
+	}
+	for _, bad := range []string{`[{"id":"a"`, `{"id":"a"}`, `[{"id":"a"}] x`} {
+		if _, err := readBatch(strings.NewReader(bad)); err == nil {
+			t.Errorf("%s read without error", bad)
+		}
 	}
 }
