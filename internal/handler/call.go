@@ -40,6 +40,10 @@ type callState struct {
 	header fields
 	resp   fasthttp.ResponseHeader
 	num    [20]byte
+	// While the call is joined to its context's watch (watch.go): its
+	// connection, and its neighbours there.
+	conn       net.Conn
+	prev, next *callState
 }
 
 var callStates = sync.Pool{New: func() any { return &callState{header: make(fields, 0, 16)} }}
@@ -101,13 +105,18 @@ func (h *HTTP) post(ctx context.Context, timeout time.Duration, header fields, b
 		return answer{}, err
 	}
 	conn := cc.Conn()
-	stop := func() bool { return true }
+	var w *callWatch
 	if ctx.Done() != nil {
-		// A deadline in the past breaks off the write or read in progress.
-		stop = context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+		// Should ctx end, a deadline in the past breaks off the write or
+		// read in progress.
+		var ok bool
+		if w, ok = h.watch(ctx, c, conn); !ok {
+			h.hc.ReleaseConn(cc)
+			return answer{}, fmt.Errorf("%w: %w", errCancelled, ctx.Err())
+		}
 	}
 	a, reuse, err := h.exchange(conn, header, body, keepOK, keepFailed, c)
-	if !stop() {
+	if w != nil && w.leave(c) {
 		// Cancelled: the connection's deadline is spoilt, whatever came of
 		// the call.
 		reuse = false

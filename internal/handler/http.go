@@ -80,6 +80,8 @@ type HTTP struct {
 	tls           *tls.Config // https: verified against the system roots
 	classifier    *Classifier
 	now           func() time.Time
+	// The watch that breaks off calls when their context ends (watch.go).
+	watchingState
 }
 
 // evidenceLen bounds how much of a failed response body is kept.

@@ -1,0 +1,120 @@
+package handler
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"handoff.dev/handoff/internal/broker"
+	"handoff.dev/handoff/internal/budget"
+)
+
+// holdingApp answers 200 at once, except while hold is set: then it keeps
+// each request until its client goes away or release is closed.
+func holdingApp(t *testing.T, hold *atomic.Bool, arrived chan<- struct{}, release <-chan struct{}) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hold.Load() {
+			arrived <- struct{}{}
+			select {
+			case <-r.Context().Done():
+			case <-release:
+			}
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// Calls under one context share one watch: when the context ends, every
+// call in flight is broken off, and the next calls, under another
+// context, go through on the same client.
+func TestCallsUnderOneContextAreBrokenOffTogether(t *testing.T) {
+	var hold atomic.Bool
+	hold.Store(true)
+	const n = 12
+	arrived := make(chan struct{}, n)
+	release := make(chan struct{})
+	defer close(release)
+	h := newClient(t, holdingApp(t, &hold, arrived, release).URL, n)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	results := make(chan Result, n)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := request(&broker.Message{})
+			r.Timeout = time.Minute
+			results <- h.Deliver(ctx, r)
+		}()
+	}
+	for range n {
+		<-arrived // every call is with the app
+	}
+	if w := h.watching.Load(); w == nil || w.n != n {
+		t.Fatalf("watch holds %v calls, want %d", w, n)
+	}
+	start := time.Now()
+	cancel()
+	wg.Wait()
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("calls took %v to break off", took)
+	}
+	close(results)
+	for res := range results {
+		if res.Outcome != budget.Unknown {
+			t.Errorf("broken-off call's outcome %v, want unknown: the app had the request", res.Outcome)
+		}
+	}
+	if w := h.watching.Load(); w != nil && w.ctx == ctx {
+		t.Error("the ended context's watch is still the client's")
+	}
+
+	hold.Store(false)
+	for range 3 {
+		if res := h.Deliver(context.Background(), request(&broker.Message{})); res.Outcome != budget.Success {
+			t.Fatalf("call after the break-off: %v (%s)", res.Outcome, res.Detail)
+		}
+		ctx2, cancel2 := context.WithCancel(context.Background())
+		res := h.Deliver(ctx2, request(&broker.Message{}))
+		cancel2()
+		if res.Outcome != budget.Success {
+			t.Fatalf("call under a new context: %v (%s)", res.Outcome, res.Detail)
+		}
+	}
+}
+
+// A watch replaced by another context's lets go of its context once its
+// last call leaves: a client called under many contexts holds none of
+// them.
+func TestReplacedWatchLetsGoOfItsContext(t *testing.T) {
+	var hold atomic.Bool
+	h := newClient(t, holdingApp(t, &hold, nil, nil).URL, 2)
+
+	ctx1, cancel1 := context.WithCancel(context.Background())
+	defer cancel1()
+	if res := h.Deliver(ctx1, request(&broker.Message{})); res.Outcome != budget.Success {
+		t.Fatalf("first call: %v (%s)", res.Outcome, res.Detail)
+	}
+	w1 := h.watching.Load()
+	if w1 == nil || w1.ctx != ctx1 || w1.n != 0 {
+		t.Fatalf("after the first call the watch is %+v", w1)
+	}
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	defer cancel2()
+	if res := h.Deliver(ctx2, request(&broker.Message{})); res.Outcome != budget.Success {
+		t.Fatalf("second call: %v (%s)", res.Outcome, res.Detail)
+	}
+	if w := h.watching.Load(); w == w1 || w.ctx != ctx2 {
+		t.Fatal("the second context's call did not get a watch of its own")
+	}
+	if w1.stop() { // true: it was registered until now
+		t.Error("the replaced watch was still registered with its context")
+	}
+}
