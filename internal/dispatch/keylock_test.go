@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"runtime"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -102,6 +103,12 @@ func TestKeyLocksUnderContention(t *testing.T) {
 					t.Errorf("key %d held by %d walks at once", k, n)
 				}
 				taken.Add(1)
+				// Held for a while, so that others queue behind it and the
+				// impatient among them give up waiting.
+				for range 3 {
+					runtime.Gosched()
+				}
+				time.Sleep(time.Duration(i%2) * 20 * time.Microsecond)
 				holders[k].Add(-1)
 				l.unlock(kl)
 			}
