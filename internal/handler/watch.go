@@ -25,41 +25,37 @@ type callWatch struct {
 	// ended: ctx ended, and every call joined then was broken off.
 	ended bool
 	// retired: no longer its HTTP's watch (another context's is); the
-	// last call to leave stops it.
-	retired bool
+	// last call to leave stops it, and none joins once it is stopped.
+	retired, stopped bool
 }
 
 // broken is the deadline that breaks off a write or read in progress.
 var broken = time.Unix(1, 0)
 
-// watch joins c's call on conn to the watch of ctx, made if the HTTP's is
-// another context's. ok is false when ctx has ended: the call is not to be
-// made.
+// watch joins c's call on conn to the watch of ctx: the HTTP's, or a new
+// one that becomes the HTTP's. ok is false when ctx has ended: the call is
+// not to be made.
 func (h *HTTP) watch(ctx context.Context, c *callState, conn net.Conn) (w *callWatch, ok bool) {
-	for {
-		w = h.watching.Load()
-		if w == nil || w.ctx != ctx {
-			w = h.newWatch(ctx)
-		}
-		joined, ended := w.join(c, conn)
-		if joined {
+	if w = h.watching.Load(); w != nil && w.ctx == ctx {
+		switch joined, ended := w.join(c, conn); {
+		case joined:
 			return w, true
-		}
-		if ended {
+		case ended:
 			return nil, false
 		}
-		// Retired under it: the next one is the HTTP's now.
+		// Stopped, replaced and idle: a new one.
 	}
+	return h.newWatch(ctx, c, conn), true
 }
 
-// newWatch makes ctx's watch the HTTP's, and retires the one it replaces.
-func (h *HTTP) newWatch(ctx context.Context) *callWatch {
-	h.watchMu.Lock()
-	if w := h.watching.Load(); w != nil && w.ctx == ctx {
-		h.watchMu.Unlock()
-		return w
-	}
+// newWatch makes a watch of ctx with c's call on conn joined from the
+// start, so that no one stops it before the call leaves, makes it the
+// HTTP's, and retires the one it replaces. Should ctx have ended already,
+// the watch breaks the call off at once.
+func (h *HTTP) newWatch(ctx context.Context, c *callState, conn net.Conn) *callWatch {
 	w := &callWatch{ctx: ctx}
+	w.link(c, conn)
+	h.watchMu.Lock()
 	w.stop = context.AfterFunc(ctx, func() {
 		w.breakOff()
 		h.watching.CompareAndSwap(w, nil)
@@ -73,20 +69,24 @@ func (h *HTTP) newWatch(ctx context.Context) *callWatch {
 }
 
 // join links c, whose call is on conn, into w: joined, or not because ctx
-// has ended (ended) or w was retired.
+// has ended (ended) or w was stopped (replaced, with no call left).
 func (w *callWatch) join(c *callState, conn net.Conn) (joined, ended bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.ended || w.retired {
+	if w.ended || w.stopped {
 		return false, w.ended
 	}
+	w.link(c, conn)
+	return true, false
+}
+
+func (w *callWatch) link(c *callState, conn net.Conn) {
 	c.conn, c.prev, c.next = conn, nil, w.calls
 	if w.calls != nil {
 		w.calls.prev = c
 	}
 	w.calls = c
 	w.n++
-	return true, false
 }
 
 // leave unlinks c; broken says its call was broken off (its connection's
@@ -105,6 +105,7 @@ func (w *callWatch) leave(c *callState) (broken bool) {
 	w.n--
 	broken = w.ended
 	last := w.retired && w.n == 0
+	w.stopped = w.stopped || last
 	w.mu.Unlock()
 	if last {
 		w.stop()
@@ -129,6 +130,7 @@ func (w *callWatch) retire() {
 	w.mu.Lock()
 	w.retired = true
 	idle := w.n == 0
+	w.stopped = w.stopped || idle
 	w.mu.Unlock()
 	if idle {
 		w.stop()
@@ -137,6 +139,6 @@ func (w *callWatch) retire() {
 
 // watchingState is the HTTP's part of the watches.
 type watchingState struct {
-	watchMu  sync.Mutex // makes a new watch
+	watchMu  sync.Mutex // orders the making of watches
 	watching atomic.Pointer[callWatch]
 }

@@ -118,3 +118,53 @@ func TestReplacedWatchLetsGoOfItsContext(t *testing.T) {
 		t.Error("the replaced watch was still registered with its context")
 	}
 }
+
+// Calls under contexts of their own (a batch's each) replace each other's
+// watch as they start; a call whose watch was replaced is still broken off
+// when its own context ends, and the others are not.
+func TestCallsUnderContextsOfTheirOwn(t *testing.T) {
+	var hold atomic.Bool
+	hold.Store(true)
+	const n = 8
+	arrived := make(chan struct{}, n)
+	release := make(chan struct{})
+	var released sync.Once
+	free := func() { released.Do(func() { close(release) }) }
+	defer free() // a failing test lets the app's calls go
+	h := newClient(t, holdingApp(t, &hold, arrived, release).URL, n)
+
+	cancels := make([]context.CancelFunc, n)
+	results := make([]chan Result, n)
+	for i := range n {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancels[i], results[i] = cancel, make(chan Result, 1)
+		go func() {
+			r := request(&broker.Message{})
+			r.Timeout = time.Minute
+			results[i] <- h.Deliver(ctx, r)
+		}()
+	}
+	for range n {
+		<-arrived
+	}
+	for i := 0; i < n; i += 2 {
+		cancels[i]()
+	}
+	for i := 0; i < n; i += 2 {
+		select {
+		case res := <-results[i]:
+			if res.Outcome != budget.Unknown {
+				t.Errorf("call %d, broken off: %v, want unknown", i, res.Outcome)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("call %d not broken off when its context ended", i)
+		}
+	}
+	free()
+	for i := 1; i < n; i += 2 {
+		if res := <-results[i]; res.Outcome != budget.Success {
+			t.Errorf("call %d, whose context lives on: %v (%s), want success", i, res.Outcome, res.Detail)
+		}
+		cancels[i]()
+	}
+}
