@@ -103,12 +103,15 @@ func TestKeyLocksUnderContention(t *testing.T) {
 					t.Errorf("key %d held by %d walks at once", k, n)
 				}
 				taken.Add(1)
-				// Held for a while, so that others queue behind it and the
-				// impatient among them give up waiting.
-				for range 3 {
-					runtime.Gosched()
+				// Held for a while, yielding, so that others queue behind
+				// it and the impatient among them give up waiting.
+				hold := time.Duration(i%2) * 20 * time.Microsecond
+				for start := time.Now(); ; runtime.Gosched() {
+					if time.Since(start) >= hold {
+						break
+					}
 				}
-				time.Sleep(time.Duration(i%2) * 20 * time.Microsecond)
+				runtime.Gosched()
 				holders[k].Add(-1)
 				l.unlock(kl)
 			}
