@@ -39,12 +39,16 @@ type answer struct {
 type callState struct {
 	header fields
 	resp   fasthttp.ResponseHeader
-	num    [20]byte
+	// out is the request as written.
+	out []byte
 	// While the call is joined to its context's watch (watch.go): its
 	// connection, and its neighbours there.
 	conn       net.Conn
 	prev, next *callState
 }
+
+// maxKeptOut is the largest request buffer a pooled call state keeps.
+const maxKeptOut = 16 << 10
 
 var callStates = sync.Pool{New: func() any { return &callState{header: make(fields, 0, 16)} }}
 
@@ -53,6 +57,9 @@ func getCallState() *callState { return callStates.Get().(*callState) }
 func putCallState(c *callState) {
 	clear(c.header) // no strings kept alive by a pooled state
 	c.header = c.header[:0]
+	if cap(c.out) > maxKeptOut {
+		c.out = nil // a large body's buffer is not kept for every call after it
+	}
 	c.resp.Reset()
 	callStates.Put(c)
 }
@@ -135,13 +142,7 @@ func (h *HTTP) post(ctx context.Context, timeout time.Duration, header fields, b
 // exchange writes the request and reads the answer on conn. reuse says
 // whether the connection is left ready for the next request.
 func (h *HTTP) exchange(conn net.Conn, header fields, body []byte, keepOK, keepFailed int, c *callState) (a answer, reuse bool, err error) {
-	bw := h.hc.AcquireWriter(conn)
-	err = h.writeRequest(bw, header, body, c)
-	if err == nil {
-		err = bw.Flush()
-	}
-	h.hc.ReleaseWriter(bw)
-	if err != nil {
+	if err := h.send(conn, header, body, c); err != nil {
 		return a, false, err
 	}
 	br := h.hc.AcquireReader(conn)
@@ -235,34 +236,59 @@ func readTrailer(br *bufio.Reader) bool {
 	return false
 }
 
-// writeRequest writes the request's head and body to bw: the request line
-// and Host, made once, Content-Length, the header and basic auth from the
-// URL unless the header has an Authorization of its own.
-func (h *HTTP) writeRequest(bw *bufio.Writer, header fields, body []byte, c *callState) error {
-	_, _ = bw.Write(h.head)
-	_, _ = bw.WriteString("Content-Length: ")
-	_, _ = bw.Write(strconv.AppendInt(c.num[:0], int64(len(body)), 10))
-	_, _ = bw.WriteString("\r\n")
+// maxInline is the largest body sent in one write with its request's head;
+// a larger one follows the head in a write of its own, rather than be
+// copied.
+const maxInline = 64 << 10
+
+// send writes the request: its head and body in one write (one turn with
+// the answer's wait, on an answerConn), a larger body after its head.
+func (h *HTTP) send(conn net.Conn, header fields, body []byte, c *callState) error {
+	inline := len(body) <= maxInline
+	var err error
+	c.out, err = h.appendHead(c.out[:0], header, len(body))
+	if err != nil {
+		return err
+	}
+	if !inline {
+		if _, err := conn.Write(c.out); err != nil {
+			return err
+		}
+		_, err := conn.Write(body)
+		return err
+	}
+	c.out = append(c.out, body...)
+	if ac, ok := conn.(*answerConn); ok {
+		return ac.send(c.out)
+	}
+	_, err = conn.Write(c.out)
+	return err
+}
+
+// appendHead appends the request's head to dst: the request line and Host,
+// made once, Content-Length, the header and basic auth from the URL unless
+// the header has an Authorization of its own.
+func (h *HTTP) appendHead(dst []byte, header fields, contentLength int) ([]byte, error) {
+	dst = append(dst, h.head...)
+	dst = append(dst, "Content-Length: "...)
+	dst = strconv.AppendInt(dst, int64(contentLength), 10)
+	dst = append(dst, "\r\n"...)
 	for _, f := range header {
 		if !validName(f.name) {
-			return fmt.Errorf("invalid header field name %q", f.name)
+			return dst, fmt.Errorf("invalid header field name %q", f.name)
 		}
 		if !validValue(f.value) {
-			return fmt.Errorf("invalid header field value for %q", f.name)
+			return dst, fmt.Errorf("invalid header field value for %q", f.name)
 		}
-		_, _ = bw.WriteString(f.name)
-		_, _ = bw.WriteString(": ")
-		_, _ = bw.WriteString(f.value)
-		_, _ = bw.WriteString("\r\n")
+		dst = append(dst, f.name...)
+		dst = append(dst, ": "...)
+		dst = append(dst, f.value...)
+		dst = append(dst, "\r\n"...)
 	}
-	if h.auth != "" {
-		if header.find("Authorization") < 0 {
-			_, _ = bw.WriteString("Authorization: ")
-			_, _ = bw.WriteString(h.auth)
-			_, _ = bw.WriteString("\r\n")
-		}
+	if h.auth != "" && header.find("Authorization") < 0 {
+		dst = append(dst, "Authorization: "...)
+		dst = append(dst, h.auth...)
+		dst = append(dst, "\r\n"...)
 	}
-	_, _ = bw.WriteString("\r\n")
-	_, err := bw.Write(body)
-	return err
+	return append(dst, "\r\n"...), nil
 }

@@ -145,7 +145,11 @@ func (h *HTTP) dial(timeout time.Duration) (net.Conn, error) {
 	defer cancel()
 	d := &net.Dialer{KeepAlive: 30 * time.Second}
 	if h.tls == nil {
-		return d.DialContext(ctx, h.network, h.addr)
+		c, err := d.DialContext(ctx, h.network, h.addr)
+		if err != nil {
+			return nil, err
+		}
+		return newAnswerConn(c), nil
 	}
 	return (&tls.Dialer{NetDialer: d, Config: h.tls}).DialContext(ctx, h.network, h.addr)
 }
