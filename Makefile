@@ -78,11 +78,16 @@ fuzz:
 
 # Benchmarks: hot-path micro-benchmarks, then the harness: the sidecar
 # binary against hand-written consumers and the loopback ceiling, on the
-# local RabbitMQ and Kafka, written to BENCH.md. BENCH_N sets the backlog.
+# local RabbitMQ and Kafka, written to BENCH.md. BENCH_N sets the backlog,
+# BENCH_ROUNDS the rounds of the rows the targets compare, each side shown
+# as its median round: on this machine one round of a pair can land 15%
+# either way, or stall for a second, and a median of three still moved with
+# one such round.
 BENCH_N ?= 50000
+BENCH_ROUNDS ?= 5
 bench: brokers build
 	$(GO) test -run='^$$' -bench=. -benchmem -benchtime=2s ./internal/journal/ ./internal/budget/ ./internal/handler/ ./internal/telemetry/ ./internal/dispatch/
-	bin/handoff-bench -n $(BENCH_N) -out BENCH.md
+	bin/handoff-bench -n $(BENCH_N) -rounds $(BENCH_ROUNDS) -out BENCH.md
 
 # Ten minutes of steady load on both brokers with failures, poison, a
 # SIGKILL a minute and RabbitMQ connections force-closed: every message
