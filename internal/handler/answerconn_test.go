@@ -37,11 +37,10 @@ func answerPair(t *testing.T) (*answerConn, *net.TCPConn) {
 	return ac, s.(*net.TCPConn)
 }
 
-// send returns once the answer has begun to arrive, not when the request is
-// written; what arrived is then read as from any connection.
-func TestAnswerConnWaitsForTheAnswer(t *testing.T) {
-	ac, app := answerPair(t)
-	req := []byte("POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+// sendTo starts ac.send(req) and checks that the app reads req whole; the
+// channel has what send returned.
+func sendTo(t *testing.T, ac *answerConn, app net.Conn, req []byte) <-chan error {
+	t.Helper()
 	done := make(chan error, 1)
 	go func() { done <- ac.send(req) }()
 	got := make([]byte, len(req))
@@ -49,8 +48,17 @@ func TestAnswerConnWaitsForTheAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(got, req) {
-		t.Fatalf("the app read %q, want %q", got, req)
+		t.Fatalf("the app read %d bytes unlike the %d sent", len(got), len(req))
 	}
+	return done
+}
+
+// send returns once the answer has begun to arrive, not when the request is
+// written; what arrived is then read as from any connection.
+func TestAnswerConnWaitsForTheAnswer(t *testing.T) {
+	ac, app := answerPair(t)
+	req := []byte("POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+	done := sendTo(t, ac, app, req)
 	select {
 	case err := <-done:
 		t.Fatalf("send returned (%v) before the app answered", err)
@@ -68,10 +76,7 @@ func TestAnswerConnWaitsForTheAnswer(t *testing.T) {
 		t.Fatalf("read %q, %v; want the answer", buf[:n], err)
 	}
 	// The next request on the connection waits for its own answer.
-	go func() { done <- ac.send(req) }()
-	if _, err := io.ReadFull(app, got); err != nil {
-		t.Fatal(err)
-	}
+	done = sendTo(t, ac, app, req)
 	_, _ = app.Write([]byte("second"))
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -92,15 +97,7 @@ func TestAnswerConnFinishesARequestTheSocketCannotTakeAtOnce(t *testing.T) {
 	for i := range req {
 		req[i] = byte(i % 251)
 	}
-	done := make(chan error, 1)
-	go func() { done <- ac.send(req) }()
-	got := make([]byte, len(req))
-	if _, err := io.ReadFull(app, got); err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, req) {
-		t.Fatal("the app read the request garbled")
-	}
+	done := sendTo(t, ac, app, req)
 	_, _ = app.Write([]byte("ok"))
 	if err := <-done; err != nil {
 		t.Fatal(err)
