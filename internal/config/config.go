@@ -69,7 +69,8 @@ type RabbitMQ struct {
 	URL   string `yaml:"url"`
 	Queue string `yaml:"queue"`
 	// Prefetch bounds unacked deliveries per consumer (the source queue and
-	// its retry queue each have one). Zero means handler.max_concurrency.
+	// its retry queue each have one). Zero means four times
+	// handler.max_concurrency (see prefetchPerCall).
 	Prefetch int `yaml:"prefetch"`
 	// DeliveryLimit is the queues' delivery limit (x-delivery-limit, by
 	// argument or policy), which AMQP 0-9-1 cannot tell a consumer: after
@@ -89,6 +90,22 @@ type RabbitMQ struct {
 	// (PLAIN), which may then come from a file or the environment.
 	Credentials `yaml:",inline"`
 }
+
+// prefetchPerCall is the default prefetch a call in flight: a delivery is
+// acked only once its outcome is committed to the journal, a few
+// milliseconds after the app answers, and the deliveries waiting for that
+// commit take room in the prefetch as the calls do. At a prefetch of
+// handler.max_concurrency, half or more of it waited on commits: a drain of
+// 1 KiB messages to an app that answers at once ran at half the rate it
+// did at four times (8.4–10.5k against 15.0–21.9k msg/s on a 2-core
+// machine; twice: 10.7–12.0k; eight times: within the noise of four). What
+// it costs is memory: the deliveries the broker hands over before they are
+// called (docs/configuration.md).
+const prefetchPerCall = 4
+
+// maxPrefetch is the most a channel's prefetch can be (AMQP's prefetch
+// count is 16 bits).
+const maxPrefetch = 65535
 
 // Kafka is a topic consumed by a consumer group, or by a share group.
 type Kafka struct {
@@ -376,7 +393,7 @@ func (c *Config) applySourceDefaults() {
 		}
 		if r := c.Sources[i].RabbitMQ; r != nil {
 			if r.Prefetch == 0 {
-				r.Prefetch = c.Handler.MaxConcurrency
+				r.Prefetch = min(prefetchPerCall*c.Handler.MaxConcurrency, maxPrefetch)
 			}
 			if r.DeliveryLimit == nil {
 				n := DefaultDeliveryLimit

@@ -69,8 +69,8 @@ retry: {tiers: [2s]}
 	if cfg.Handler.Timeout.D() != 5*time.Second || cfg.Retry.MaxAttempts != 4 || cfg.Shutdown.DrainTimeout.D() != 30*time.Second {
 		t.Errorf("defaults not applied: %+v", cfg)
 	}
-	if got := cfg.Sources[0].RabbitMQ.Prefetch; got != 8 {
-		t.Errorf("prefetch default = %d, want handler.max_concurrency (8)", got)
+	if got := cfg.Sources[0].RabbitMQ.Prefetch; got != 32 {
+		t.Errorf("prefetch default = %d, want four times handler.max_concurrency (32)", got)
 	}
 	if k := cfg.Sources[1].Kafka; k.MaxInFlight != 16 || k.FetchMaxBytes != 8<<20 {
 		t.Errorf("kafka defaults: max_in_flight %d, fetch_max_bytes %d; want 16 (ordering none) and 8 MiB", k.MaxInFlight, k.FetchMaxBytes)
@@ -359,6 +359,30 @@ func TestKafkaShareGroup(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), p) {
 				t.Errorf("%s: %v, want %q", tt.kafka, err, p)
 			}
+		}
+	}
+}
+
+// The default prefetch is four deliveries a call, up to what AMQP's 16-bit
+// prefetch count can say; one set by hand is kept.
+func TestPrefetchDefault(t *testing.T) {
+	for _, tt := range []struct {
+		handler, source string
+		want            int
+	}{
+		{"max_concurrency: 64", "", 256},
+		{"max_concurrency: 20000", "", 65535},
+		{"max_concurrency: 64", ", prefetch: 10", 10},
+	} {
+		cfg, err := Parse([]byte(`
+handler: {url: "http://127.0.0.1:8080/events", ` + tt.handler + `}
+sources: [{name: a, rabbitmq: {url: "amqp://localhost/", queue: a` + tt.source + `}}]
+`))
+		if err != nil {
+			t.Fatalf("%s%s: %v", tt.handler, tt.source, err)
+		}
+		if got := cfg.Sources[0].RabbitMQ.Prefetch; got != tt.want {
+			t.Errorf("%s%s: prefetch = %d, want %d", tt.handler, tt.source, got, tt.want)
 		}
 	}
 }
