@@ -186,6 +186,25 @@ type partition struct {
 
 	mu  sync.Mutex
 	out map[*delivery]struct{} // handed out, neither acked nor released
+
+	// markMu guards marks, what settle hands MarkCommitOffsets (which reads
+	// it and keeps none of it): made once for the partition, not twice a
+	// settle.
+	markMu sync.Mutex
+	marks  map[string]map[int32]kgo.EpochOffset
+	mark   map[int32]kgo.EpochOffset
+}
+
+// markCommit marks the partition's offsets below next for the next commit.
+func (p *partition) markCommit(cl *kgo.Client, next int64, epoch int32) {
+	p.markMu.Lock()
+	defer p.markMu.Unlock()
+	if p.marks == nil {
+		p.mark = make(map[int32]kgo.EpochOffset, 1)
+		p.marks = map[string]map[int32]kgo.EpochOffset{p.tp.topic: p.mark}
+	}
+	p.mark[p.tp.partition] = kgo.EpochOffset{Epoch: epoch, Offset: next}
+	cl.MarkCommitOffsets(p.marks)
 }
 
 func (p *partition) isLost() bool {
@@ -534,7 +553,7 @@ func (c *Client) settle(d *delivery) {
 	}
 	next, epoch, moved := d.st.wm.settle(d.r.Offset)
 	if moved && c.txn == nil { // a transactional client commits in its transactions
-		c.cl.MarkCommitOffsets(map[string]map[int32]kgo.EpochOffset{d.r.Topic: {d.r.Partition: {Epoch: epoch, Offset: next}}})
+		d.st.markCommit(c.cl, next, epoch)
 	}
 }
 
