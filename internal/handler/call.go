@@ -47,8 +47,9 @@ type callState struct {
 	prev, next *callState
 }
 
-// maxKeptOut is the largest request buffer a pooled call state keeps.
-const maxKeptOut = 16 << 10
+// maxKeptOut is the largest request buffer a pooled call state keeps: a
+// request with a body of up to maxInline and a head of a few KiB.
+const maxKeptOut = maxInline + 8<<10
 
 var callStates = sync.Pool{New: func() any { return &callState{header: make(fields, 0, 16)} }}
 
@@ -236,10 +237,10 @@ func readTrailer(br *bufio.Reader) bool {
 	return false
 }
 
-// maxInline is the largest body sent in one write with its request's head;
-// a larger one follows the head in a write of its own, rather than be
-// copied.
-const maxInline = 64 << 10
+// maxInline is the largest body sent in one write with its request's head:
+// a larger one follows the head in a write of its own rather than be copied
+// into a buffer the pooled call state would keep (or make anew each call).
+const maxInline = 16 << 10
 
 // send writes the request: its head and body in one write (one turn with
 // the answer's wait, on an answerConn), a larger body after its head.
