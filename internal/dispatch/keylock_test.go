@@ -106,10 +106,8 @@ func TestKeyLocksUnderContention(t *testing.T) {
 				// Held for a while, yielding, so that others queue behind
 				// it and the impatient among them give up waiting.
 				hold := time.Duration(i%2) * 20 * time.Microsecond
-				for start := time.Now(); ; runtime.Gosched() {
-					if time.Since(start) >= hold {
-						break
-					}
+				for start := time.Now(); time.Since(start) < hold; {
+					runtime.Gosched()
 				}
 				runtime.Gosched()
 				holders[k].Add(-1)
