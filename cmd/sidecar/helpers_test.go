@@ -175,9 +175,17 @@ type call struct {
 	// At is when the app took the call up; Arrived when its request
 	// reached the app: a batch's events are taken up one after another.
 	At, Arrived time.Time
-	Header      http.Header
-	Body        []byte
+	// Accepted is when the app accepted the connection the request came
+	// on; Gone reports whether its caller has closed that connection since
+	// (a killed sidecar's has), so the answer reaches nobody.
+	Accepted time.Time
+	Gone     func() bool
+	Header   http.Header
+	Body     []byte
 }
+
+// acceptedKey is the context key of a connection's accept time.
+type acceptedKey struct{}
 
 // app is a scripted HTTP app on loopback. respond picks the answer for each
 // call; it sees the calls so far for the same ce-id.
@@ -209,12 +217,19 @@ func (a *app) serve(ln net.Listener) {
 	a.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		arrived := time.Now()
+		// With the body read, the server watches the connection: a caller
+		// that closes it cancels the request's context.
+		from := call{Gone: func() bool { return r.Context().Err() != nil }}
+		from.Accepted, _ = r.Context().Value(acceptedKey{}).(time.Time)
 		if r.Header.Get("Content-Type") == handler.BatchContentType {
-			a.batch(w, body, arrived)
+			a.batch(w, body, arrived, from)
 			return
 		}
-		a.one(w, call{At: arrived, Arrived: arrived, Header: r.Header.Clone(), Body: body})
-	})}
+		from.At, from.Arrived, from.Header, from.Body = arrived, arrived, r.Header.Clone(), body
+		a.one(w, from)
+	}), ConnContext: func(ctx context.Context, _ net.Conn) context.Context {
+		return context.WithValue(ctx, acceptedKey{}, time.Now())
+	}}
 	go func() { _ = a.srv.Serve(ln) }()
 }
 
@@ -238,7 +253,7 @@ func (a *app) one(w http.ResponseWriter, c call) {
 // of its own (its attributes as the headers binary mode would have sent),
 // and returns one result per event: its status, Retry-After and
 // Handoff-Outcome.
-func (a *app) batch(w http.ResponseWriter, body []byte, arrived time.Time) {
+func (a *app) batch(w http.ResponseWriter, body []byte, arrived time.Time, from call) {
 	var events []map[string]any
 	if err := json.Unmarshal(body, &events); err != nil {
 		a.t.Errorf("app: batch body: %v", err)
@@ -270,7 +285,7 @@ func (a *app) batch(w http.ResponseWriter, body []byte, arrived time.Time) {
 			data, _ = json.Marshal(v)
 		}
 		rec := httptest.NewRecorder()
-		a.one(rec, call{At: time.Now(), Arrived: arrived, Header: h, Body: data})
+		a.one(rec, call{At: time.Now(), Arrived: arrived, Accepted: from.Accepted, Gone: from.Gone, Header: h, Body: data})
 		res := map[string]any{"id": e["id"], "status": rec.Code, "detail": rec.Body.String()}
 		if v := rec.Header().Get("Retry-After"); v != "" {
 			res["retry_after"] = v
