@@ -107,6 +107,13 @@ const prefetchPerCall = 4
 // count is 16 bits).
 const maxPrefetch = 65535
 
+// DefaultPrefetch is a RabbitMQ source's prefetch when none is set, for
+// handler.max_concurrency calls at once: prefetchPerCall a call, within
+// AMQP's bound.
+func DefaultPrefetch(maxConcurrency int) int {
+	return min(prefetchPerCall*maxConcurrency, maxPrefetch)
+}
+
 // Kafka is a topic consumed by a consumer group, or by a share group.
 type Kafka struct {
 	Brokers []string `yaml:"brokers"`
@@ -393,7 +400,7 @@ func (c *Config) applySourceDefaults() {
 		}
 		if r := c.Sources[i].RabbitMQ; r != nil {
 			if r.Prefetch == 0 {
-				r.Prefetch = min(prefetchPerCall*c.Handler.MaxConcurrency, maxPrefetch)
+				r.Prefetch = DefaultPrefetch(c.Handler.MaxConcurrency)
 			}
 			if r.DeliveryLimit == nil {
 				n := DefaultDeliveryLimit

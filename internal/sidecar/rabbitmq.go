@@ -50,10 +50,7 @@ func rabbitSource(name string, r *config.RabbitMQ, n sourceNeeds) (source, error
 	} else {
 		n.log.Info("delivery limit: none (the queues drop nothing after repeated returns)", "source", name)
 	}
-	if r.Prefetch < n.maxConcurrency {
-		n.log.Warn("prefetch is below handler.max_concurrency: this source cannot use all of it",
-			"source", name, "prefetch", r.Prefetch, "max_concurrency", n.maxConcurrency)
-	}
+	warnPrefetch(n, name, r.Prefetch)
 	status := admin.Source{Name: name, Broker: "rabbitmq", From: r.Queue,
 		Ready: func() error {
 			if c.Connected() {
@@ -122,5 +119,21 @@ func rabbitLogin(r *config.RabbitMQ) func() (string, string, error) {
 		}
 		password, err := creds.Secret()
 		return user, password, err
+	}
+}
+
+// warnPrefetch says when a source's prefetch holds its calls back. A
+// delivery takes room in the prefetch from its hand-out until its ack,
+// which waits for its outcome's commit to the journal: the deliveries
+// waiting for a commit take room as the calls do, which is why the default
+// is four a call (config.DefaultPrefetch).
+func warnPrefetch(n sourceNeeds, name string, prefetch int) {
+	switch {
+	case prefetch < n.maxConcurrency:
+		n.log.Warn("prefetch is below handler.max_concurrency: this source cannot use all of it",
+			"source", name, "prefetch", prefetch, "max_concurrency", n.maxConcurrency)
+	case prefetch < config.DefaultPrefetch(n.maxConcurrency):
+		n.log.Info("prefetch is below its default for handler.max_concurrency: a delivery is acked once its outcome is committed, and those waiting for the commit hold the prefetch too, so calls may wait for deliveries",
+			"source", name, "prefetch", prefetch, "default", config.DefaultPrefetch(n.maxConcurrency), "max_concurrency", n.maxConcurrency)
 	}
 }

@@ -1,13 +1,16 @@
 package sidecar
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -85,5 +88,60 @@ func TestBuildRefusesATokenFileOthersCanRead(t *testing.T) {
 	}
 	if _, err := os.Stat(cfg.Journal.Path); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the journal was opened before the token was refused (%v)", err)
+	}
+}
+
+// A prefetch that holds the calls back is said at start-up: below
+// handler.max_concurrency as a warning, below its default as a note, and
+// not at all from the default up, even where AMQP's 16-bit count caps the
+// default below four a call.
+func TestBuildSaysWhenThePrefetchHoldsCallsBack(t *testing.T) {
+	const said = "prefetch is below"
+	for _, tc := range []struct {
+		maxConcurrency, prefetch int // prefetch 0: the default
+		want                     string
+	}{
+		{64, 32, "level=WARN"},
+		{64, 128, "level=INFO"},
+		{64, 0, ""},
+		{64, 512, ""},
+		{20000, 0, ""},
+	} {
+		prefetch := ""
+		if tc.prefetch > 0 {
+			prefetch = fmt.Sprintf(", prefetch: %d", tc.prefetch)
+		}
+		cfg, err := config.Parse(fmt.Appendf(nil, `handler: {url: "http://127.0.0.1:1/events", max_concurrency: %d}
+sources:
+  - name: orders
+    rabbitmq: {url: "amqp://guest:guest@127.0.0.1:1/", queue: orders%s}
+retry: {tiers: [1s]}
+journal: {path: %q}
+`, tc.maxConcurrency, prefetch, filepath.Join(t.TempDir(), "handoff.db")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var logs bytes.Buffer
+		s, err := Build(cfg, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := s.Run(ctx); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		var line string
+		for l := range strings.Lines(logs.String()) {
+			if strings.Contains(l, said) {
+				line = l
+			}
+		}
+		switch {
+		case tc.want == "" && line != "":
+			t.Errorf("max_concurrency %d, prefetch %d (%d in effect): said %q", tc.maxConcurrency, tc.prefetch, cfg.Sources[0].RabbitMQ.Prefetch, line)
+		case tc.want != "" && !strings.Contains(line, tc.want):
+			t.Errorf("max_concurrency %d, prefetch %d: said %q, want a line at %s", tc.maxConcurrency, tc.prefetch, line, tc.want)
+		}
 	}
 }
