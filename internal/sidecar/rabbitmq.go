@@ -128,12 +128,13 @@ func rabbitLogin(r *config.RabbitMQ) func() (string, string, error) {
 // waiting for a commit take room as the calls do, which is why the default
 // is four a call (config.DefaultPrefetch).
 func warnPrefetch(n sourceNeeds, name string, prefetch int) {
+	def := config.DefaultPrefetch(n.maxConcurrency)
 	switch {
 	case prefetch < n.maxConcurrency:
 		n.log.Warn("prefetch is below handler.max_concurrency: this source cannot use all of it",
 			"source", name, "prefetch", prefetch, "max_concurrency", n.maxConcurrency)
-	case prefetch < config.DefaultPrefetch(n.maxConcurrency):
+	case prefetch < def:
 		n.log.Info("prefetch is below its default for handler.max_concurrency: a delivery is acked once its outcome is committed, and those waiting for the commit hold the prefetch too, so calls may wait for deliveries",
-			"source", name, "prefetch", prefetch, "default", config.DefaultPrefetch(n.maxConcurrency), "max_concurrency", n.maxConcurrency)
+			"source", name, "prefetch", prefetch, "default", def, "max_concurrency", n.maxConcurrency)
 	}
 }

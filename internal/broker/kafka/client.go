@@ -192,7 +192,6 @@ type partition struct {
 	// settle.
 	markMu sync.Mutex
 	marks  map[string]map[int32]kgo.EpochOffset
-	mark   map[int32]kgo.EpochOffset
 }
 
 // markCommit marks the partition's offsets below next for the next commit.
@@ -200,10 +199,9 @@ func (p *partition) markCommit(cl *kgo.Client, next int64, epoch int32) {
 	p.markMu.Lock()
 	defer p.markMu.Unlock()
 	if p.marks == nil {
-		p.mark = make(map[int32]kgo.EpochOffset, 1)
-		p.marks = map[string]map[int32]kgo.EpochOffset{p.tp.topic: p.mark}
+		p.marks = map[string]map[int32]kgo.EpochOffset{p.tp.topic: make(map[int32]kgo.EpochOffset, 1)}
 	}
-	p.mark[p.tp.partition] = kgo.EpochOffset{Epoch: epoch, Offset: next}
+	p.marks[p.tp.topic][p.tp.partition] = kgo.EpochOffset{Epoch: epoch, Offset: next}
 	cl.MarkCommitOffsets(p.marks)
 }
 
